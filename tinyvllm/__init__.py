@@ -1,0 +1,2 @@
+from tinyvllm.config import Config
+from tinyvllm.sequence import SamplingParams

@@ -1,0 +1,21 @@
+import os
+from dataclasses import dataclass
+
+BUNDLED_MODEL = os.path.join(os.path.dirname(__file__), "stories260K")
+
+@dataclass
+class Config:
+  """One config that flows from the CLI / LLM() into every part of the engine, as in nano-vllm."""
+  model: str | None = None               # Hugging Face folder; None serves the bundled stories260K
+  device: str | None = None              # tinygrad device (CUDA, METAL, AMD, CPU); falls back to $DEVICE, then tinygrad's default
+  dtype: str = "auto"                    # compute dtype: auto = checkpoint's 16-bit dtype on GPUs, float32 on CPU
+  load_format: str = "auto"              # "dummy" = random weights from config.json alone, for benchmarks (as in vLLM)
+  max_model_len: int | None = None       # context length; default min(config's max_position_embeddings, 4096)
+  max_num_seqs: int = 64                 # most sequences in one step (also the largest decode graph bucket)
+  max_num_batched_tokens: int = 512      # token budget of one step; long prompts are chunked to fit it
+  block_size: int = 16                   # tokens per KV block
+  kv_cache_memory: float | None = None   # GB for the KV pool; None = a share of free device memory where tinygrad can tell
+  enable_prefix_caching: bool = True
+  enforce_eager: bool = False            # no TinyJit graphs, for debugging
+  attention: str = "auto"                # "kernel" (custom UOp paged attention) or "gather" (plain tinygrad ops); auto = kernel on GPUs
+  seed: int = 0

@@ -1,0 +1,89 @@
+import json, math, os
+from tinygrad import Tensor, dtypes
+from tinygrad.nn.state import safe_load
+from tinygrad.helpers import tqdm
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+def read_config(model_dir:str) -> dict:
+  if not os.path.isfile(path := os.path.join(model_dir, "config.json")): raise FileNotFoundError(f"no model at {model_dir!r}: {path} not found")
+  cfg = json.load(open(path))
+  if (arch := (cfg.get("architectures") or ["?"])[0]) not in ARCHITECTURES:
+    raise ValueError(f"unsupported architecture {arch!r} in {path}; tinyvllm runs {', '.join(ARCHITECTURES)}")
+  rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}   # transformers 5 moved rope_theta into rope_parameters
+  return cfg | {"head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"], "rope": rope,
+                "num_key_value_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+                "rope_theta": cfg.get("rope_theta") or rope.get("rope_theta", 10000.0),
+                "qkv_bias": arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False), "qk_norm": arch == "Qwen3ForCausalLM"}
+
+def weight_shapes(c:dict) -> dict[str, tuple[int, ...]]:
+  """Every tensor the decoder needs, by Hugging Face name: used to check a checkpoint and to build dummy weights."""
+  D, hd, H, KV, I = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]
+  s = {"model.embed_tokens.weight": (c["vocab_size"], D), "model.norm.weight": (D,)}
+  if not c.get("tie_word_embeddings", False): s["lm_head.weight"] = (c["vocab_size"], D)
+  for i in range(c["num_hidden_layers"]):
+    p = f"model.layers.{i}."
+    s |= {p+"input_layernorm.weight": (D,), p+"post_attention_layernorm.weight": (D,), p+"self_attn.o_proj.weight": (D, H*hd),
+          p+"self_attn.q_proj.weight": (H*hd, D), p+"self_attn.k_proj.weight": (KV*hd, D), p+"self_attn.v_proj.weight": (KV*hd, D),
+          p+"mlp.gate_proj.weight": (I, D), p+"mlp.up_proj.weight": (I, D), p+"mlp.down_proj.weight": (D, I)}
+    if c["qkv_bias"]: s |= {p+"self_attn.q_proj.bias": (H*hd,), p+"self_attn.k_proj.bias": (KV*hd,), p+"self_attn.v_proj.bias": (KV*hd,)}
+    if c["qk_norm"]: s |= {p+"self_attn.q_norm.weight": (hd,), p+"self_attn.k_norm.weight": (hd,)}
+  return s
+
+def load_weights(model_dir:str, c:dict, dtype, dummy=False) -> dict[str, Tensor]:
+  shapes = weight_shapes(c)
+  if dummy: return {k: Tensor.uniform(*s, low=-0.05, high=0.05, dtype=dtype).realize() for k, s in tqdm(shapes.items(), desc="dummy weights")}
+  index = os.path.join(model_dir, "model.safetensors.index.json")
+  files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+  disk = {k: t for f in files for k, t in safe_load(os.path.join(model_dir, f)).items()}
+  if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
+  def to_device(t:Tensor) -> Tensor:   # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
+    if t.dtype == dtypes.bfloat16: t = t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32)
+    return t.to(None).cast(dtype).realize()
+  return {k: to_device(disk[k]) for k in tqdm(shapes, desc="loading weights")}
+
+def rope_tables(c:dict, max_len:int) -> tuple[Tensor, Tensor]:
+  hd, r = c["head_dim"], c["rope"]
+  inv = [c["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
+  if r.get("rope_type", r.get("type")) == "llama3":   # Llama 3.1: keep high frequencies, slow low ones by `factor`, blend in between
+    lo, hi = r["original_max_position_embeddings"] / r["low_freq_factor"], r["original_max_position_embeddings"] / r["high_freq_factor"]
+    def scale(f):
+      if 2*math.pi/f < hi: return f
+      if 2*math.pi/f > lo: return f / r["factor"]
+      s = (r["original_max_position_embeddings"]/(2*math.pi/f) - r["low_freq_factor"]) / (r["high_freq_factor"] - r["low_freq_factor"])
+      return (1-s)*f/r["factor"] + s*f
+    inv = [scale(f) for f in inv]
+  ang = Tensor.arange(max_len).float().reshape(-1, 1) * Tensor(inv).reshape(1, -1)
+  return ang.cos().contiguous().realize(), ang.sin().contiguous().realize()
+
+class Transformer:
+  """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias) and Qwen3 (q/k norm). Attention is passed in, so the model knows nothing of paging."""
+  def __init__(self, c:dict, weights:dict[str, Tensor], max_len:int):
+    self.c, self.w, (self.cos, self.sin) = c, weights, rope_tables(c, max_len)
+    self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])   # tied embeddings share the matrix
+
+  def norm(self, x:Tensor, name:str) -> Tensor:
+    xf = x.float()
+    return (xf * (xf.square().mean(-1, keepdim=True) + self.c["rms_norm_eps"]).rsqrt()).cast(x.dtype) * self.w[name]
+
+  def linear(self, x:Tensor, name:str) -> Tensor:
+    return x.linear(self.w[name+".weight"].T, self.w.get(name+".bias"))
+
+  def rope(self, x:Tensor, cos:Tensor, sin:Tensor) -> Tensor:   # Hugging Face's rotate_half layout
+    x1, x2 = x.chunk(2, -1)
+    return (x1*cos - x2*sin).cat(x2*cos + x1*sin, dim=-1).cast(x.dtype)
+
+  def __call__(self, tokens:Tensor, positions:Tensor, attention) -> Tensor:
+    """tokens, positions: (N,) flattened over the step's sequences; attention(layer, q, k, v) -> (N, H, hd). Returns final hidden (N, D)."""
+    c, N, hd = self.c, tokens.shape[0], self.c["head_dim"]
+    cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+    x = self.w["model.embed_tokens.weight"][tokens]
+    for i in range(c["num_hidden_layers"]):
+      p = f"model.layers.{i}."
+      h = self.norm(x, p+"input_layernorm.weight")
+      q, k, v = [self.linear(h, p+f"self_attn.{n}_proj").reshape(N, -1, hd) for n in "qkv"]
+      if c["qk_norm"]: q, k = self.norm(q, p+"self_attn.q_norm.weight"), self.norm(k, p+"self_attn.k_norm.weight")
+      x = x + self.linear(attention(i, self.rope(q, cos, sin), self.rope(k, cos, sin), v).reshape(N, -1), p+"self_attn.o_proj")
+      h = self.norm(x, p+"post_attention_layernorm.weight")
+      x = x + self.linear(self.linear(h, p+"mlp.gate_proj").silu() * self.linear(h, p+"mlp.up_proj"), p+"mlp.down_proj")
+    return self.norm(x, "model.norm.weight")
