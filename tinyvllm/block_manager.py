@@ -1,0 +1,70 @@
+import hashlib
+from collections import OrderedDict
+from tinyvllm.sequence import Sequence
+
+def block_hash(prev:bytes, tokens:list[int]) -> bytes:
+  """A full block's identity chains over everything before it, so equal hashes mean equal prefixes (sha256: collisions can't mix up outputs)."""
+  return hashlib.sha256(prev + b"".join(t.to_bytes(4, "little") for t in tokens)).digest()
+
+class BlockManager:
+  """KV memory as virtual memory: fixed-size physical blocks, a free list, reference counts and one block table per sequence.
+  Prefix caching: a full block's KV is registered under its chained hash; a later prompt with the same prefix shares the block (ref count up)
+  and skips its prefill. Freed cached blocks stay findable on the free list until they are reused, least recently freed first."""
+  def __init__(self, num_blocks:int, block_size:int, enable_prefix_caching:bool=True):
+    self.num_blocks, self.block_size, self.caching = num_blocks, block_size, enable_prefix_caching
+    self.ref = [0] * num_blocks
+    self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))   # front = next to be reused
+    self.cached: dict[bytes, int] = {}      # hash -> physical block holding that prefix's KV
+    self.hash_of: dict[int, bytes] = {}     # physical block -> its hash, to unregister it when the block is reused
+    self.queries = self.hits = 0            # prompt tokens looked up / found in the cache
+
+  @property
+  def num_free(self) -> int: return len(self.free)
+
+  def _take(self) -> int:
+    b, _ = self.free.popitem(last=False)
+    if (h := self.hash_of.pop(b, None)) is not None: del self.cached[h]   # evict the least recently used cached prefix
+    self.ref[b] = 1
+    return b
+
+  def cached_prefix(self, seq:Sequence) -> list[int]:
+    """Cached blocks matching the start of seq; the last token is always left to compute, since its logits are needed."""
+    blocks, prev = [], b""
+    for j in range((len(seq) - 1) // self.block_size if self.caching else 0):
+      if (b := self.cached.get(prev := block_hash(prev, seq.token_ids[j*self.block_size:(j+1)*self.block_size]))) is None: break
+      blocks.append(b)
+    return blocks
+
+  def allocate(self, seq:Sequence, shared:list[int]|None=None) -> bool:
+    """Admit seq: share `shared` (a forked parent's blocks) or its cached prefix, and take fresh blocks for the rest of its tokens."""
+    shared = self.cached_prefix(seq) if shared is None else shared
+    need = -(-len(seq) // self.block_size) - len(shared)
+    if need + sum(self.ref[b] == 0 for b in shared) > self.num_free: return False
+    for b in shared: self.free.pop(b, None); self.ref[b] += 1
+    seq.block_table = shared + [self._take() for _ in range(need)]
+    seq.num_computed_tokens = len(shared) * self.block_size
+    seq.block_hashes = [self.hash_of[b] for b in shared] if all(b in self.hash_of for b in shared) else []
+    self.queries, self.hits = self.queries + len(seq), self.hits + seq.num_computed_tokens
+    return True
+
+  def can_append(self, seq:Sequence, num_tokens:int) -> bool:
+    return -(-(seq.num_computed_tokens + num_tokens) // self.block_size) - len(seq.block_table) <= self.num_free
+
+  def append(self, seq:Sequence, num_tokens:int):
+    """Grow the block table on demand so the next num_tokens tokens have slots."""
+    while len(seq.block_table) * self.block_size < seq.num_computed_tokens + num_tokens: seq.block_table.append(self._take())
+
+  def commit(self, seq:Sequence):
+    """Register blocks that became full this step; only now is their KV in the pool, so only now may others share them."""
+    while self.caching and len(seq.block_hashes) < seq.num_computed_tokens // self.block_size:
+      j, bs = len(seq.block_hashes), self.block_size
+      seq.block_hashes.append(h := block_hash(seq.block_hashes[-1] if j else b"", seq.token_ids[j*bs:(j+1)*bs]))
+      if h not in self.cached: self.cached[h], self.hash_of[seq.block_table[j]] = seq.block_table[j], h
+
+  def free_blocks(self, seq:Sequence):
+    for b in reversed(seq.block_table):   # a sequence's tail is the least likely to be shared again, so it is reused first
+      self.ref[b] -= 1
+      if self.ref[b] == 0:
+        self.free[b] = None
+        if b not in self.hash_of: self.free.move_to_end(b, last=False)   # uncached blocks are reused before cached ones
+    seq.block_table, seq.num_computed_tokens = [], 0
