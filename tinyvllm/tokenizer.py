@@ -1,0 +1,100 @@
+import base64, datetime, json, os, pathlib, re, unicodedata
+import jinja2, jinja2.ext, jinja2.sandbox, sentencepiece, tiktoken
+
+# Meta's Llama 3 split regex (the ranks file does not carry it); GPT2_PAT is what a ByteLevel pre-tokenizer with use_regex splits on
+LLAMA3_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+GPT2_PAT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
+def _name(tok): return tok.get("content") if isinstance(tok, dict) else tok
+def _text(c): return c if c is None or isinstance(c, str) else "\n".join(p["text"] for p in c if p.get("type") == "text")  # vLLM joins parts
+def _raise(msg): raise jinja2.exceptions.TemplateError(msg)
+
+def _byte_level_bpe(tj:dict, model_dir:str):
+  """HF byte-level BPE tokenizer.json -> tiktoken (pattern, ranks, added tokens, special ids). Ids double as ranks: merged tokens are
+  numbered in merge order, so tiktoken's lowest-rank-first merging gives the ids of HF's merge list."""
+  pres = (pre := tj.get("pre_tokenizer") or {}).get("pretokenizers", [pre])
+  if tj.get("model", {}).get("type") != "BPE" or not any(p.get("type") == "ByteLevel" for p in pres):
+    raise ValueError(f"{model_dir}: tokenizer.json is not a byte-level BPE tokenizer, and there is no tokenizer.model")
+  pat = next((p["pattern"].get("Regex") or re.escape(p["pattern"]["String"]) for p in pres if p.get("type") == "Split"), GPT2_PAT)
+  # GPT-2 writes each byte as a printable char: printable latin-1 bytes stand for themselves, the others are moved to chr(256+n)
+  bs = [*range(33, 127), *range(161, 173), *range(174, 256)]
+  u2b = {chr(b): b for b in bs} | {chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in bs)}
+  added, skip = {a["content"]: a["id"] for a in tj.get("added_tokens", [])}, {a["id"] for a in tj.get("added_tokens", []) if a["special"]}
+  return pat, {bytes(u2b[c] for c in t): i for t, i in tj["model"]["vocab"].items() if i not in added.values()}, added, skip
+
+class Tokenizer:
+  """sentencepiece, Llama 3 tiktoken ranks or HF byte-level BPE tokenizer.json, with HF's special-token and chat-template rules."""
+  def __init__(self, model_dir:str):
+    cfg, stm = _json(model_dir, "tokenizer_config.json"), _json(model_dir, "special_tokens_map.json")
+    dec, path = cfg.get("added_tokens_decoder", {}), os.path.join(model_dir, "tokenizer.model")
+    added, skip = {v["content"]: int(k) for k, v in dec.items()}, {int(k) for k, v in dec.items() if v["special"]}
+    self.sp, self.nfc, fmt_bos, add_bos, name = None, False, None, True, os.path.basename(model_dir)
+    if os.path.isfile(path) and re.match(rb"[A-Za-z0-9+/=]+ \d+\r?\n", data := pathlib.Path(path).read_bytes()):  # Llama 3: "<base64> <rank>" lines
+      ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in data.splitlines() if line.strip())}
+      self.enc = tiktoken.Encoding(name, pat_str=LLAMA3_PAT, mergeable_ranks=ranks, special_tokens=added)
+    elif os.path.isfile(path):  # binary protobuf: sentencepiece. Its control pieces (<s>, </s>) and <unk> are special tokens
+      self.sp = sp = sentencepiece.SentencePieceProcessor(model_proto=data)
+      ctl = {sp.id_to_piece(i): i for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i)}
+      added, skip, fmt_bos = ctl | added, skip | set(ctl.values()), sp.id_to_piece(sp.bos_id()) if sp.bos_id() >= 0 else None
+      stm.setdefault("eos_token", sp.id_to_piece(sp.eos_id()) if sp.eos_id() >= 0 else None)
+    elif os.path.isfile(path := os.path.join(model_dir, "tokenizer.json")):
+      pat, ranks, added, skip = _byte_level_bpe(tj := _json(path), model_dir)
+      self.enc = tiktoken.Encoding(name, pat_str=pat, mergeable_ranks=ranks, special_tokens=added)
+      self.nfc, pp = (tj.get("normalizer") or {}).get("type") == "NFC", tj.get("post_processor") or {}  # Qwen2 normalizes to NFC
+      # HF adds BOS with a TemplateProcessing post-processor ("<bos> $A"), not with a flag
+      single = next((p["single"] for p in pp.get("processors", [pp]) if p.get("type") == "TemplateProcessing"), [{}])
+      add_bos = (fmt_bos := single[0].get("SpecialToken", {}).get("id")) is not None
+    else: raise FileNotFoundError(f"no tokenizer in {model_dir}: expected tokenizer.model (sentencepiece or tiktoken ranks) or tokenizer.json")
+    self.specials, self.skip = added, skip
+    self.vocab_size = max([self.sp.get_piece_size() if self.sp else self.enc.n_vocab, *(i + 1 for i in added.values())])
+    self.special_re = re.compile("(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True))) + ")") if added else None
+    self.bos_token, self.eos_token = _name(cfg.get("bos_token", stm.get("bos_token", fmt_bos))), _name(cfg.get("eos_token", stm.get("eos_token")))
+    self.bos_id = added.get(self.bos_token)
+    self.add_bos = cfg.get("add_bos_token", add_bos) and self.bos_id is not None
+    eos = [_json(model_dir, f).get("eos_token_id") for f in ("generation_config.json", "config.json")] + [added.get(self.eos_token)]
+    self.eos_ids = {i for x in eos for i in (x if isinstance(x, list) else [x]) if i is not None}
+    tmpl = cfg.get("chat_template")
+    if isinstance(tmpl, list): tmpl = {t["name"]: t["template"] for t in tmpl}.get("default")  # some configs hold several named templates
+    if tmpl is None and os.path.isfile(p := os.path.join(model_dir, "chat_template.jinja")): tmpl = pathlib.Path(p).read_text(encoding="utf-8")
+    # the environment transformers renders chat templates in, so that prompts match HF's apply_chat_template
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent, **kw)  # jinja's own escapes html
+    env.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
+    self.chat_template = env.from_string(tmpl) if tmpl else None
+
+  def encode(self, text:str, add_special_tokens:bool=True) -> list[int]:
+    if self.nfc: text = unicodedata.normalize("NFC", text)
+    if self.sp is None: ids = self.enc.encode(text, allowed_special="all")
+    else:  # split out special-token strings (re.split puts them at odd indices) as HF's Llama tokenizer does
+      parts = self.special_re.split(text) if self.special_re else [text]
+      ids = [i for j, p in enumerate(parts) for i in ([self.specials[p]] if j % 2 else self.sp.encode(p))]
+    return [self.bos_id] + ids if add_special_tokens and self.add_bos else ids
+
+  def decode(self, ids:list[int]) -> str:
+    ids = [i for i in ids if i not in self.skip and 0 <= i < self.vocab_size]  # ids past the vocab: padded embedding rows
+    return self.sp.decode(ids) if self.sp else self.enc.decode(ids)
+
+  def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True) -> str:
+    messages = [m | {"content": _text(m["content"])} if "content" in m else m for m in messages]
+    if self.chat_template is None: return "\n".join(m.get("content") or "" for m in messages)  # base model: plain text
+    return self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+  def encode_chat(self, messages:list[dict]) -> list[int]:
+    text = self.apply_chat_template(messages)
+    return self.encode(text, add_special_tokens=not (self.bos_token and text.startswith(self.bos_token)))
+
+class IncrementalDetokenizer:
+  """vLLM's detokenizer: decode a short window of tokens with and without the new ones and emit the difference. Decoding in context keeps
+  the leading space sentencepiece drops from a text's first token; holding back on a trailing U+FFFD waits for a character's last byte."""
+  def __init__(self, tokenizer:Tokenizer, prompt_ids:list[int]):
+    self.tok, self.ids, self.text = tokenizer, list(prompt_ids), ""
+    self.prefix_offset, self.read_offset = max(len(self.ids) - 5, 0), len(self.ids)
+
+  def add(self, new_ids:list[int]) -> str:
+    self.ids.extend(new_ids)
+    prefix_text, new_text = self.tok.decode(self.ids[self.prefix_offset:self.read_offset]), self.tok.decode(self.ids[self.prefix_offset:])
+    if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"): return ""
+    self.prefix_offset, self.read_offset, self.text = self.read_offset, len(self.ids), self.text + new_text[len(prefix_text):]
+    return new_text[len(prefix_text):]
