@@ -1,0 +1,108 @@
+import functools, math
+import numpy as np, pytest
+from tinygrad import Tensor, TinyJit, UOp, dtypes
+from tinygrad.uop.ops import Ops
+from tinygrad.helpers import Target
+from tinygrad.renderer import Renderer
+from tinygrad.renderer.cstyle import CUDARenderer, MetalRenderer, HIPRenderer
+from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render
+from tinyvllm.attention import kv_write, paged_attention, _kv_write_kernel, _paged_attention_kernel
+
+BS, NB, S, MAXB, N, KVH = 4, 16, 4, 3, 16, 2   # block size, pool blocks, sequences, blocks/seq (T=12), query rows per step, kv heads
+TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3}
+NP = {dtypes.float32: np.float32, dtypes.float16: np.float16}
+
+def make_step(rng:np.random.Generator):
+  """A mixed step: random block tables (a permutation of the pool's blocks), per-sequence lengths including 1 and exact block
+  boundaries, each sequence either one decode row or a prefill chunk (consecutive rows with increasing ctx_lens), padding rows last."""
+  bt = rng.permutation(NB)[:S*MAXB].reshape(S, MAXB).astype(np.int32)
+  lens = rng.permutation([1, BS, MAXB*BS, int(rng.integers(2, MAXB*BS))])
+  ts, cl = [], []
+  for s, L in enumerate(lens):
+    # prefill chunk of c tokens ending at position L-1 (always for the full-table sequence), else one decode token
+    c = min(L, int(rng.integers(2, 5))) if L == MAXB*BS or rng.random() < 0.5 else 1
+    ts += [s] * c; cl += list(range(L - c + 1, L + 1))
+  n_real = len(ts)
+  ts, cl = ts + [0] * (N - n_real), cl + [1] * (N - n_real)             # padding rows attend to one position
+  return bt, np.array(ts, np.int32), np.array(cl, np.int32), n_real
+
+def ref_attention(q, kp, vp, bt, ts, cl):
+  """Naive contiguous attention in float64: gather the sequence's first ctx_len positions, then plain softmax."""
+  q, kp, vp = (x.astype(np.float64) for x in (q, kp, vp))
+  G, out = q.shape[1] // kp.shape[1], np.zeros(q.shape)
+  for n in range(len(q)):
+    sl = (bt[ts[n]][:, None] * BS + np.arange(BS)).reshape(-1)[:cl[n]]
+    for h in range(q.shape[1]):
+      s = kp[sl, h // G] @ q[n, h] / math.sqrt(q.shape[2]); p = np.exp(s - s.max())
+      out[n, h] = (p / p.sum()) @ vp[sl, h // G]
+  return out
+
+@pytest.mark.parametrize("use_kernel", [False, True], ids=["gather", "kernel"])
+@pytest.mark.parametrize("G,D,dt", [(1, 8, dtypes.float32), (2, 64, dtypes.float16), (4, 128, dtypes.float32), (4, 8, dtypes.float16),
+                                    (2, 128, dtypes.float16)])
+def test_paged_attention(use_kernel, G, D, dt):
+  rng = np.random.default_rng(D + G)
+  kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
+  kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
+  step = TinyJit(lambda q, k, v, bt, ts, cl: paged_attention(q, k, v, bt, ts, cl, BS, use_kernel).realize())
+  for _ in range(4):   # eager, capture, 2 replays; new tables / lengths / row mix every call
+    bt, ts, cl, _ = make_step(rng)
+    q = rng.standard_normal((N, KVH*G, D)).astype(NP[dt])
+    out = step(Tensor(q), kpool, vpool, Tensor(bt), Tensor(ts), Tensor(cl))
+    assert out.dtype == dt and out.shape == q.shape
+    np.testing.assert_allclose(out.numpy(), ref_attention(q, kp, vp, bt, ts, cl), atol=TOL[dt], rtol=0)
+  assert step.cnt == 4
+
+@pytest.mark.parametrize("use_kernel,dt", [(False, dtypes.float32), (True, dtypes.float16)], ids=["gather", "kernel"])
+def test_kv_write_then_attention(use_kernel, dt):
+  # the runner's pattern: pools are long-lived buffers, each step writes new K/V at its slots, then attends through the returned pools
+  D, rng = 8, np.random.default_rng(0)
+  kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
+  kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
+  @TinyJit
+  def step(slots, k, v, q, bt, ts, cl):
+    kp2, vp2 = kv_write(kpool, vpool, slots, k, v)
+    return paged_attention(q, kp2, vp2, bt, ts, cl, BS, use_kernel).realize()
+  for _ in range(4):
+    bt, ts, cl, n_real = make_step(rng)
+    # each real row writes its own position (token ts[n] at ctx_len-1); padding rows (-1) carry junk that must not land anywhere
+    real = np.arange(N) < n_real
+    slots = np.where(real, bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS, -1).astype(np.int32)
+    k, v = (rng.standard_normal((N, KVH, D)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((N, KVH*2, D)).astype(NP[dt])
+    out = step(Tensor(slots), Tensor(k), Tensor(v), Tensor(q), Tensor(bt), Tensor(ts), Tensor(cl)).numpy()
+    kp[slots[real]], vp[slots[real]] = k[real], v[real]   # untouched slots keep their old values
+    np.testing.assert_array_equal(kpool.numpy(), kp); np.testing.assert_array_equal(vpool.numpy(), vp)
+    np.testing.assert_allclose(out, ref_attention(q, kp, vp, bt, ts, cl), atol=TOL[dt], rtol=0)
+
+def test_kv_write_padding_only_and_out_of_pool():
+  kpool, vpool = Tensor.zeros(8, 1, 4).contiguous().realize(), Tensor.zeros(8, 1, 4).contiguous().realize()
+  kp, vp = kv_write(kpool, vpool, Tensor([-1, 8, 100, 3], dtype=dtypes.int32), Tensor.ones(4, 1, 4), Tensor.full((4, 1, 4), 2.0))
+  Tensor.realize(kp, vp)
+  assert kpool.numpy().sum() == 4 and vpool.numpy().sum() == 8 and kpool.numpy()[3].sum() == 4
+
+# ***** portability: the same UOp source renders for CUDA, METAL and AMD without a GPU (renderers built without their compilers)
+
+def make_renderer(cls, target:Target) -> Renderer:
+  ren = object.__new__(cls); Renderer.__init__(ren, target); ren.tensor_cores = []
+  return ren
+
+RENDERERS = {"CUDA": (CUDARenderer, Target("CUDA", arch="sm_90"), "__global__"), "METAL": (MetalRenderer, Target("METAL"), "kernel void"),
+             "AMD": (HIPRenderer, Target("AMD", "HIP", "gfx942"), "__attribute__((global))")}
+
+@pytest.mark.parametrize("backend", list(RENDERERS))
+@pytest.mark.parametrize("name", ["kv_write", "paged_attention"])
+def test_render(backend, name):
+  cls, target, marker = RENDERERS[backend]
+  ren, h, pool = make_renderer(cls, target), dtypes.half, ((NB*BS, KVH, 64), dtypes.half)
+  if name == "kv_write": fxn, args = _kv_write_kernel, [pool, pool, ((N,), dtypes.int32), ((N, KVH, 64), h), ((N, KVH, 64), h)]
+  else:
+    fxn = functools.partial(_paged_attention_kernel, block_size=BS, has_local=True)
+    args = [((N, 8, 64), h), ((N, 8, 64), h), pool, pool, ((S, MAXB), dtypes.int32), ((N,), dtypes.int32), ((N,), dtypes.int32)]
+  ast = fxn(*[UOp.placeholder(shape, dtype, i) for i, (shape, dtype) in enumerate(args)])
+  sink = full_rewrite_to_sink(ast, ren, optimize=ast.tag is None)   # what tinygrad's to_program does
+  prg = UOp(Ops.PROGRAM, src=(sink,))
+  prg = do_linearize(ren, prg, sink)
+  src = do_render(ren, prg, prg.src[1]).src[2].arg
+  assert name in src and marker in src
+  if name == "paged_attention": assert "%" not in src   # clamped indices: no wrapping modulo on the loads
