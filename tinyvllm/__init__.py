@@ -1,2 +1,3 @@
 from tinyvllm.config import Config
-from tinyvllm.sequence import SamplingParams
+from tinyvllm.sequence import SamplingParams, RequestOutput, CompletionOutput
+from tinyvllm.llm_engine import LLM, LLMEngine, AsyncLLM

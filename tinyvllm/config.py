@@ -19,3 +19,16 @@ class Config:
   enforce_eager: bool = False            # no TinyJit graphs, for debugging
   attention: str = "auto"                # "kernel" (custom UOp paged attention) or "gather" (plain tinygrad ops); auto = kernel on GPUs
   seed: int = 0
+
+def select_device(device:str|None) -> str:
+  """Map --device / $DEVICE onto tinygrad's DEV before any tensor exists; unknown devices fail listing what tinygrad can open."""
+  from tinygrad import Device
+  from tinygrad.device import ALL_DEVICES
+  from tinygrad.helpers import DEV
+  if device := device or os.getenv("DEVICE"): DEV.value = device
+  try: return Device[Device.DEFAULT].device
+  except Exception as e:
+    def opens(d):
+      try: return bool(Device[d])
+      except Exception: return False
+    raise RuntimeError(f"device {device!r} is not usable ({type(e).__name__}: {e}); tinygrad found: {[d for d in ALL_DEVICES if opens(d)]}") from None
