@@ -1,0 +1,41 @@
+"""Per-kernel breakdown of one decode step: python scripts/profile_decode.py --config llama-3.2-1b --batch 1 256 [--device CUDA]
+Runs with JIT=2 (graphs off) so tinygrad times each kernel (DEBUG=2); kernels are grouped by name, with time, GB/s, GFLOP/s and share of the step."""
+import argparse, collections, contextlib, io, os, re, sys
+os.environ["JIT"] = "2"   # before tinygrad is imported: per-kernel timings need the graph off
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts.bench import model_dir   # noqa: E402  (same model / dummy-config resolution as the benchmark)
+from tinygrad.helpers import Context  # noqa: E402
+from tinyvllm import LLM, SamplingParams  # noqa: E402
+
+LINE = re.compile(r"\*\*\* +\S+ +\d+ +(\S+) +arg +\d+ mem +[\d.]+ GB tm +([\d.]+)(us|ms|s)/.*?\( *([\d.]+) GFLOPS +([\d.]+)\|")
+
+def profile(llm, batch:int, ctx:int) -> list[tuple]:
+  eng = llm.engine
+  for i in range(batch): eng.add_request([1 + (i + j) % 500 for j in range(ctx)], SamplingParams(max_tokens=64, ignore_eos=True, temperature=0.6))
+  while any(s.num_computed_tokens < s.num_prompt_tokens for s in eng.scheduler.running + list(eng.scheduler.waiting)): eng.step()
+  eng.step()
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out), Context(DEBUG=2): eng.step()
+  for rid in list(eng.requests): eng.abort(rid)
+  kernels = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])   # count, seconds, GFLOP, GB
+  for m in LINE.finditer(re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())):
+    t = float(m[2]) * {"us": 1e-6, "ms": 1e-3, "s": 1}[m[3]]
+    k = kernels[m[1]]; k[0] += 1; k[1] += t; k[2] += float(m[4]) * t; k[3] += float(m[5]) * t
+  return sorted(((name, *v) for name, v in kernels.items()), key=lambda r: -r[2])
+
+if __name__ == "__main__":
+  p = argparse.ArgumentParser()
+  p.add_argument("--config"); p.add_argument("--model"); p.add_argument("--device")
+  p.add_argument("--batch", type=int, nargs="+", default=[1]); p.add_argument("--ctx", type=int, default=128)
+  p.add_argument("--kv-cache-memory", type=float, default=None); p.add_argument("--top", type=int, default=12)
+  a = p.parse_args()
+  llm = LLM(model_dir(a.config, a.model), device=a.device, load_format="dummy" if a.config else "auto", max_num_seqs=max(a.batch),
+            max_num_batched_tokens=max(2048, max(a.batch)), max_model_len=1024, kv_cache_memory=a.kv_cache_memory, enforce_eager=True)
+  for b in a.batch:
+    rows = profile(llm, b, a.ctx)
+    total = sum(r[2] for r in rows)
+    print(f"\n## decode step, batch {b}, context {a.ctx}: {total*1e3:.2f} ms in {sum(r[1] for r in rows)} kernels (graphs off)")
+    print("| kernel | launches | ms | share | GB/s | GFLOP/s |\n|---|---|---|---|---|---|")
+    for name, n, t, gf, gb in rows[:a.top]: print(f"| `{name}` | {n} | {t*1e3:.3f} | {t/total:.1%} | {gb/t:.0f} | {gf/t:.0f} |")
+    rest = rows[a.top:]
+    if rest: print(f"| {len(rest)} others | {sum(r[1] for r in rest)} | {sum(r[2] for r in rest)*1e3:.3f} | {sum(r[2] for r in rest)/total:.1%} | | |")
