@@ -1,4 +1,4 @@
-import asyncio, itertools, threading, time, uuid
+import asyncio, threading, time, traceback, uuid
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config, BUNDLED_MODEL, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
@@ -109,18 +109,24 @@ class AsyncLLM:
   def loop(self):
     while self.work.wait():
       with self.lock:
-        outs = self.engine.step()
+        try: outs = self.engine.step()
+        except Exception as e:   # a failing step fails the requests in it, never the engine: their blocks go back, the loop goes on
+          traceback.print_exc(); outs = [(rid, e) for rid in list(self.engine.requests)]
+          for rid, _ in outs: self.engine.abort(rid)
         if not self.engine.has_unfinished(): self.work.clear()
       for out in outs:
-        if (q := self.queues.get(out.request_id)): q[0].call_soon_threadsafe(q[1].put_nowait, out)
+        rid = out[0] if isinstance(out, tuple) else out.request_id
+        if (q := self.queues.get(rid)): q[0].call_soon_threadsafe(q[1].put_nowait, out)
 
   async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str):
     self.queues[request_id] = (asyncio.get_running_loop(), q := asyncio.Queue())
-    with self.lock: self.engine.add_request(prompt_token_ids, params, request_id)
-    self.work.set()
     try:
-      while not (out := await q.get()).finished: yield out
-      yield out
+      with self.lock: self.engine.add_request(prompt_token_ids, params, request_id)
+      self.work.set()
+      while True:
+        if isinstance(out := await q.get(), tuple): raise RuntimeError(f"engine step failed: {out[1]!r}")
+        yield out
+        if out.finished: break
     finally:   # the consumer went away (client disconnect) or we are done: either way the request's blocks go back now
       self.queues.pop(request_id, None)
       self.abort(request_id)

@@ -90,7 +90,7 @@ class ModelRunner:
       tok[:, off:off+n] = np.stack([seq.token_ids[pos[0]:pos[-1]+1], pos, table[pos // bs] * bs + pos % bs, np.full(n, s), pos + 1])
       if pos[-1] + 1 == len(seq):
         p = seq.params
-        per_row[:, r], fl[:, r] = [off + n - 1, seq.seed, len(seq), p.top_k if p.top_k > 0 else V], [p.temperature, p.top_p]
+        per_row[:, r], fl[:, r] = [off + n - 1, seq.seed, len(seq), min(p.top_k, V) if p.top_k > 0 else V], [p.temperature, p.top_p]
         r += 1
       off += n
     filtered = any(seq.params.top_k > 0 or seq.params.top_p < 1 for seq, _ in batch)

@@ -1,0 +1,266 @@
+"""The OpenAI-compatible server against a real uvicorn on a free port (CPU, bundled stories260K): the official openai client, raw SSE,
+concurrency, error shapes, disconnects (no leaked KV blocks), /metrics, the README snippets and the CLI entry point."""
+import asyncio, json, os, re, shutil, signal, socket, subprocess, sys, threading, time, types
+import httpx, openai, pytest, uvicorn
+from tinyvllm.config import Config
+from tinyvllm.sequence import SamplingParams
+from tinyvllm.llm_engine import AsyncLLM
+from tinyvllm.serve import build_app
+
+MODEL, ROOT = "stories260K", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MSGS = [{"role": "user", "content": "Once upon a time, there was a little girl named Lily."}]
+# the README's client examples; test_readme_snippets prefers the README's own copies when it has them
+PY_SNIPPET = '''
+from openai import OpenAI
+client = OpenAI(base_url="http://localhost:8000/v1", api_key="EMPTY")
+messages = [{"role": "user", "content": "Once upon a time"}]
+resp = client.chat.completions.create(model="stories260K", messages=messages, max_tokens=32)
+print(resp.choices[0].message.content, resp.usage)
+for chunk in client.chat.completions.create(model="stories260K", messages=messages, max_tokens=32, stream=True):
+    print(chunk.choices[0].delta.content or "", end="", flush=True)
+'''
+CURL_SNIPPET = '''curl http://localhost:8000/v1/chat/completions -H "Content-Type: application/json" \\
+  -d '{"model": "stories260K", "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 32}'
+'''
+
+def free_socket():
+  s = socket.socket(socket.AF_INET, socket.SOCK_STREAM); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", 0))
+  return s
+
+@pytest.fixture(scope="module")
+def srv():
+  llm = AsyncLLM(Config(device="CPU", max_num_seqs=32))
+  sock, loop = free_socket(), asyncio.new_event_loop()
+  server = uvicorn.Server(uvicorn.Config(build_app(llm), log_level="warning", timeout_graceful_shutdown=2))
+  th = threading.Thread(target=lambda: loop.run_until_complete(server.serve(sockets=[sock])), daemon=True); th.start()
+  deadline = time.monotonic() + 30
+  while not server.started:
+    assert time.monotonic() < deadline and th.is_alive(), "server did not start"; time.sleep(0.05)
+  url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+  yield types.SimpleNamespace(url=url, llm=llm, tok=llm.engine.tokenizer, loop=loop,
+                              client=openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=60, max_retries=0))
+  server.should_exit = True; th.join(15); sock.close()
+  assert not th.is_alive(), "server did not stop"
+
+def engine_generate(srv, prompt_ids, **kw):
+  """The same request straight through AsyncLLM, on the server's loop: the reference for token counts and text."""
+  async def run():
+    ids, text = [], ""
+    async for out in srv.llm.generate(prompt_ids, SamplingParams(**kw), f"ref-{time.monotonic_ns()}"):
+      for o in out.outputs: ids += o.token_ids; text += o.text
+    return ids, text
+  return asyncio.run_coroutine_threadsafe(run(), srv.loop).result(60)
+
+def metrics(srv) -> dict[str, float]:
+  r = httpx.get(srv.url + "/metrics", timeout=10); assert r.status_code == 200
+  return {m[1] + (m[2] or ""): float(m[3]) for m in re.finditer(r'^([\w:]+)\{model_name="[^"]*"(,[^}]*)?\} (\S+)$', r.text, re.M)} | \
+         {"_text": r.text}
+
+def wait_idle(srv, timeout=60):
+  deadline = time.monotonic() + timeout
+  while (m := metrics(srv))["vllm:num_requests_running"] or m["vllm:num_requests_waiting"] or \
+        m["tinyvllm:num_free_blocks"] != m["tinyvllm:num_blocks"]:
+    assert time.monotonic() < deadline, f"engine not idle / blocks leaked: {m}"; time.sleep(0.1)
+  return m
+
+def sse(resp) -> list:
+  return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
+
+def test_health_models(srv):
+  assert httpx.get(srv.url + "/health").status_code == 200
+  assert [m.id for m in srv.client.models.list().data] == [MODEL]
+  r = httpx.get(srv.url + "/v1/models").json()
+  assert r["object"] == "list" and r["data"][0]["max_model_len"] == srv.llm.engine.config.max_model_len
+
+def test_chat(srv):
+  prompt = srv.tok.encode_chat(MSGS)
+  ref_ids, ref_text = engine_generate(srv, prompt, max_tokens=12, temperature=0)
+  r = srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=12, temperature=0)
+  assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == MODEL and abs(r.created - time.time()) < 60
+  c = r.choices[0]
+  assert c.index == 0 and c.message.role == "assistant" and c.message.content == ref_text
+  assert srv.tok.decode(ref_ids) == ref_text.lstrip(" ")  # sentencepiece drops a text's leading space out of context
+  assert c.finish_reason == ("length" if len(ref_ids) == 12 else "stop")
+  assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (len(prompt), len(ref_ids), len(prompt) + len(ref_ids))
+  # content parts render like the plain string; ignore_eos runs to max_tokens
+  parts = [{"role": "user", "content": [{"type": "text", "text": MSGS[0]["content"]}]}]
+  r = srv.client.chat.completions.create(model=MODEL, messages=parts, max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
+  assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == 7 and r.choices[0].finish_reason == "length"
+
+def test_stream(srv):
+  kw = dict(model=MODEL, messages=MSGS, max_tokens=12, temperature=0)
+  full = srv.client.chat.completions.create(**kw)
+  chunks = list(srv.client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+  assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id and c.model == MODEL for c in chunks)
+  assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full.choices[0].message.content
+  assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [full.choices[0].finish_reason]
+  assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == full.usage.model_dump()
+
+def test_n(srv):
+  r = srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=6, n=2, seed=3, extra_body={"ignore_eos": True})
+  assert sorted(c.index for c in r.choices) == [0, 1] and all(c.finish_reason == "length" for c in r.choices)
+  assert r.usage.completion_tokens == 12 and r.choices[0].message.content != r.choices[1].message.content
+
+def test_stop(srv):
+  kw = dict(model=MODEL, messages=MSGS, max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+  text = srv.client.chat.completions.create(**kw).choices[0].message.content
+  stop = text.split()[3]   # a word from the middle: generation must stop right before its first occurrence
+  for stream in (False, True):
+    if stream: r = "".join(c.choices[0].delta.content or "" for c in srv.client.chat.completions.create(**kw, stop=[stop, "zzz"], stream=True))
+    else: c = srv.client.chat.completions.create(**kw, stop=stop).choices[0]; r = c.message.content; assert c.finish_reason == "stop"
+    assert stop not in r and r == text[:text.index(stop)]
+
+def test_seed(srv):
+  texts = [srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=16, temperature=1, seed=s).choices[0].message.content
+           for s in (7, 7, 8, 9, 10)]
+  assert texts[0] == texts[1] and len(set(texts[1:])) > 1
+
+def test_raw_sse_order(srv):
+  body = {"model": MODEL, "messages": MSGS, "max_tokens": 8, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+  with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    ev = sse(r)
+  assert ev[-1] == "[DONE]" and ev.count("[DONE]") == 1
+  chunks, usage = ev[:-2], ev[-2]
+  assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0 and usage["object"] == "chat.completion.chunk"
+  assert [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
+  for i in (0, 1):   # per choice: role, content deltas, then exactly one finish_reason, last
+    mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+    assert all(len(c["choices"]) == 1 and c["id"] == usage["id"] for c in chunks)
+    assert "role" in mine[0]["delta"] and all("role" not in c["delta"] for c in mine[1:])
+    assert [c["finish_reason"] is not None for c in mine] == [False] * (len(mine) - 1) + [True]
+
+def test_concurrent_matches_sequential(srv):
+  prompts = [[{"role": "user", "content": f"{w} day, {i} little {a} went to the park."}]
+             for i, (w, a) in enumerate((w, a) for w in ("One", "Every", "The next", "Some") for a in ("dogs", "cats", "birds", "kids", "frogs",
+                                                                                                    "bears", "girls", "boys"))]
+  kw = dict(model=MODEL, max_tokens=16, temperature=0)
+  seq = [srv.client.chat.completions.create(messages=p, **kw).choices[0].message.content for p in prompts]
+  async def main():
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", timeout=120, max_retries=0)
+    async def one(p):
+      return "".join([c.choices[0].delta.content or "" async for c in await client.chat.completions.create(messages=p, stream=True, **kw)])
+    try: return await asyncio.gather(*map(one, prompts))
+    finally: await client.close()
+  assert asyncio.run(main()) == seq and len(set(seq)) > 1
+  wait_idle(srv)
+
+BAD = [  # (body or raw bytes, status, param)
+  (b"{not json", 400, None), (b"[1, 2]", 400, None), (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, None),
+  (b'{"model": "stories260K"}', 400, "messages"), ({"messages": None}, 400, "messages"), ({"messages": []}, 400, "messages"),
+  ({"messages": "hi"}, 400, "messages"), ({"messages": ["hi"]}, 400, "messages"),
+  ({"messages": [{"role": "user", "content": 5}]}, 400, "messages"), ({"messages": [{"content": "x"}]}, 400, "messages"),
+  ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
+  ({"temperature": "hot"}, 400, "temperature"), ({"max_tokens": "10"}, 400, "max_tokens"), ({"n": True}, 400, "n"), ({"stop": 5}, 400, "stop"),
+  ({"stop": ["a", 1]}, 400, "stop"), ({"stop_token_ids": [1.5]}, 400, "stop_token_ids"), ({"stream": "yes"}, 400, "stream"),
+  ({"temperature": -1}, 400, None), ({"top_p": 0}, 400, None), ({"top_p": 1.5}, 400, None), ({"top_k": -3}, 400, None), ({"n": 0}, 400, None),
+  ({"max_tokens": 0}, 400, None), ({"stop": [""]}, 400, None), ({"n": 10**6}, 400, "n"), ({"max_tokens": 10**9}, 400, "messages"),
+  ({"messages": [{"role": "user", "content": "Once upon a time " * 200}]}, 400, "messages"),
+  ({"model": "gpt-4"}, 404, "model"), ({"model": "gpt-4", "stream": True}, 404, "model"),
+]
+
+@pytest.mark.parametrize("body,status,param", BAD, ids=[str(b)[:60] for b, *_ in BAD])
+def test_errors(srv, body, status, param):
+  if isinstance(body, dict): body = json.dumps({"messages": MSGS, "max_tokens": 2, **body}).encode()
+  r = httpx.post(srv.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=30)
+  err = r.json()["error"]
+  assert r.status_code == status and set(err) == {"message", "type", "param", "code"} and err["message"] and err["param"] == param
+  assert err["type"] == ("NotFoundError" if status == 404 else "invalid_request_error") and (status != 404 or err["code"] == 404)
+  if b"10000000" in body: assert "maximum context length is 512 tokens" in err["message"] and "in the completion" in err["message"]
+  assert srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2).choices[0].message.content is not None
+
+@pytest.mark.parametrize("kw", [dict(top_k=10**12), dict(temperature=1e300), dict(temperature=1e-300), dict(top_p=1e-300, top_k=0),
+                                dict(seed=2**70), dict(seed=-5), dict(stop_token_ids=[10**12]), dict(max_tokens=None, stop=["."]),
+                                dict(max_completion_tokens=3, max_tokens=10**9), dict(temperature=0, top_p=0.5, top_k=3)])
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")   # temperature 1e300 is inf in float32: uniform sampling
+def test_extreme_but_valid(srv, kw):   # accepted values that must neither fail nor upset the engine
+  r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MSGS, "max_tokens": 3, **kw}, timeout=60)
+  assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+
+def test_errors_http(srv):
+  big = b'{"messages": "' + b"x" * (1 << 20) + b'"}'
+  r = httpx.post(srv.url + "/v1/chat/completions", content=big, timeout=30)   # with Content-Length
+  assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+  r = httpx.post(srv.url + "/v1/chat/completions", content=iter([big[i:i + 65536] for i in range(0, len(big), 65536)]), timeout=30)  # chunked
+  assert r.status_code == 413 and r.request.headers.get("transfer-encoding") == "chunked"
+  assert httpx.get(srv.url + "/v1/chat/completions").status_code == 405
+  r = httpx.get(srv.url + "/v1/nothing"); assert r.status_code == 404 and r.json()["error"]["code"] == 404
+  with pytest.raises(openai.NotFoundError): srv.client.chat.completions.create(model="nope", messages=MSGS, max_tokens=2)
+  with pytest.raises(openai.BadRequestError, match="maximum context length"):
+    srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=10**5)
+  assert srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2).usage.completion_tokens >= 1
+
+def test_disconnect_frees_blocks(srv):
+  done = lambda m: sum(v for k, v in m.items() if k.startswith("vllm:request_success_total"))   # requests that ran to the end
+  before, n = wait_idle(srv), srv.llm.engine.config.max_model_len - len(srv.tok.encode_chat(MSGS))
+  body = {"model": MODEL, "messages": MSGS, "max_tokens": n, "ignore_eos": True, "stream": True}
+  for _ in range(4):   # streaming clients that read a few events, then hang up
+    with httpx.Client(timeout=60) as c, c.stream("POST", srv.url + "/v1/chat/completions", json=body) as r:
+      for i, _ in enumerate(r.iter_lines()):
+        if i >= 4: break
+  with pytest.raises(httpx.TimeoutException):   # a non-streaming client that gives up
+    httpx.post(srv.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=0.5)
+  after = wait_idle(srv)   # no request left running and every KV block back on the free list
+  assert done(after) == done(before), "a dropped request ran to completion instead of being aborted"
+  assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 5 * n / 2
+
+def test_metrics(srv):
+  srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=4)
+  m, text = metrics(srv), metrics(srv)["_text"]
+  for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+               "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+    assert name in m and f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}" in text
+  assert m["vllm:prompt_tokens_total"] > 0 and m["vllm:generation_tokens_total"] > 0 and m["vllm:prefix_cache_hits_total"] > 0
+  for h in ("vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds"):
+    assert f"# TYPE {h} histogram" in text and m[h + "_count"] > 0 and m[h + "_sum"] > 0
+    buckets = [v for k, v in m.items() if k.startswith(h + '_bucket')]
+    assert buckets == sorted(buckets) and buckets[-1] == m[h + "_count"] and m[f'{h}_bucket,le="+Inf"'] == m[h + "_count"]
+  assert m['vllm:request_success_total,finished_reason="length"'] > 0 and 0 <= m["vllm:kv_cache_usage_perc"] <= 1
+
+def readme_blocks(lang, keep):
+  readme = open(os.path.join(ROOT, "README.md")).read() if os.path.exists(os.path.join(ROOT, "README.md")) else ""
+  return [b for b in re.findall(rf"```{lang}\n(.*?)```", readme, re.S) if keep(b)]
+
+def test_readme_snippets(srv, capsys):
+  for snippet in readme_blocks("python", lambda b: "OpenAI(" in b and "localhost:8000/v1" in b) or [PY_SNIPPET]:
+    exec(compile(snippet.replace("localhost:8000", srv.url.split("//")[1]), "README", "exec"), {})
+    assert len(capsys.readouterr().out.strip()) > 10
+  if shutil.which("curl"):
+    for snippet in readme_blocks("(?:bash|sh|shell)", lambda b: b.startswith("curl ") and "localhost:8000" in b) or [CURL_SNIPPET]:
+      out = subprocess.run(["bash", "-c", snippet.replace("localhost:8000", srv.url.split("//")[1])], capture_output=True, text=True, timeout=60)
+      assert out.returncode == 0 and json.loads(out.stdout)["object"] == "chat.completion", out
+
+def test_cli():
+  """`python -m tinyvllm.serve` end to end: flags, startup log, --api-key on /v1 only, --served-model-name, clean Ctrl-C."""
+  with free_socket() as s: port = s.getsockname()[1]
+  cmd = [sys.executable, "-m", "tinyvllm.serve", "--device", "CPU", "--port", str(port), "--api-key", "sk-test", "--served-model-name", "tiny",
+         "--max-num-seqs", "2", "--max-model-len", "128", "--enforce-eager"]
+  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  url, log = f"http://127.0.0.1:{port}", []
+  threading.Thread(target=lambda: log.extend(p.stdout), daemon=True).start()
+  try:
+    deadline = time.monotonic() + 120
+    while True:
+      assert p.poll() is None and time.monotonic() < deadline, "".join(log)
+      try:
+        if httpx.get(url + "/health", timeout=1).status_code == 200: break
+      except httpx.TransportError: time.sleep(0.2)
+    assert httpx.get(url + "/metrics").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sk-test"}):
+      r = httpx.get(url + "/v1/models", headers=headers)
+      assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+      openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0).chat.completions.create(model="tiny", messages=MSGS, max_tokens=2)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", timeout=60, max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=3).usage.completion_tokens >= 1
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 128"):
+      client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=200)
+    with pytest.raises(openai.NotFoundError): client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2)
+    out = "".join(log)
+    assert "CPU" in out and "KV blocks" in out and f"http://127.0.0.1:{port}/v1" in out
+  finally:
+    p.send_signal(signal.SIGINT)
+    try: p.wait(30)
+    except subprocess.TimeoutExpired: p.kill(); raise
+  assert p.returncode == 0, "".join(log)
