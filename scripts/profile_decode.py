@@ -3,7 +3,7 @@ Runs with JIT=2 (graphs off) so tinygrad times each kernel (DEBUG=2); kernels ar
 import argparse, collections, contextlib, io, os, re, sys
 os.environ["JIT"] = "2"   # before tinygrad is imported: per-kernel timings need the graph off
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from scripts.bench import model_dir   # noqa: E402  (same model / dummy-config resolution as the benchmark)
+from scripts.bench import model_folder   # noqa: E402  (same model / dummy-config resolution as the benchmark)
 from tinygrad.helpers import Context  # noqa: E402
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 
@@ -29,8 +29,9 @@ if __name__ == "__main__":
   p.add_argument("--batch", type=int, nargs="+", default=[1]); p.add_argument("--ctx", type=int, default=128)
   p.add_argument("--kv-cache-memory", type=float, default=None); p.add_argument("--top", type=int, default=12)
   a = p.parse_args()
-  llm = LLM(model_dir(a.config, a.model), device=a.device, load_format="dummy" if a.config else "auto", max_num_seqs=max(a.batch),
-            max_num_batched_tokens=max(2048, max(a.batch)), max_model_len=1024, kv_cache_memory=a.kv_cache_memory, enforce_eager=True)
+  path, load_format = model_folder(a)
+  llm = LLM(path, device=a.device, load_format=load_format, max_num_seqs=max(a.batch),
+            max_num_batched_tokens=max(2048, max(a.batch)), max_model_len=1024, kv_cache_memory=a.kv_cache_memory)
   for b in a.batch:
     rows = profile(llm, b, a.ctx)
     total = sum(r[2] for r in rows)

@@ -22,34 +22,37 @@ def kv_write(k_pool:Tensor, v_pool:Tensor, slots:Tensor, k:Tensor, v:Tensor) -> 
   kp, vp, *_ = k_pool.custom_kernel(v_pool, slots, k, v, fxn=_kv_write_kernel)
   return kp, vp
 
-def _paged_attention_kernel(O:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UOp, block_size:int, has_local:bool) -> UOp:
-  # one thread per (query token n, head h) walks its sequence's positions once with an online softmax (FlashAttention / vLLM's
-  # paged_attention_v1): the q.k score is computed once per (n, h, t); the D-wide output accumulator is an UPCAST register array.
-  (N, H, D), (NS, KVH, _), (S, MAXB) = O.shape, KP.shape, BT.shape
+def _paged_attention_kernel(ACC:UOp, ML:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UOp, block_size:int, has_local:bool) -> UOp:
+  # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and one thread per
+  # (token n, head h, chunk c) walks its chunk once with an online softmax; q.k is computed once per (n, h, t) and the D-wide output
+  # accumulator is an UPCAST register array. The partial (m, l, acc) of the chunks are merged afterwards with plain tinygrad ops.
+  (N, H, C, D), (NS, KVH, _), (S, MAXB) = ACC.shape, KP.shape, BT.shape
   G, f32 = H // KVH, dtypes.float
-  # GPU: a workgroup per query token, a thread per head (same trip count in the group, GQA heads share K/V rows in cache).
-  # CPU: only one GLOBAL axis and no LOCAL axes are allowed, so heads become a plain loop.
-  n, h = UOp.range(N, 0, AxisType.GLOBAL), UOp.range(H, 1, AxisType.LOCAL if has_local else AxisType.LOOP)
-  k, d, d2 = UOp.range(D, 3, AxisType.UNROLL), UOp.range(D, 4, AxisType.UPCAST), UOp.range(D, 5, AxisType.UPCAST)
-  # the loop runs exactly ctx_len times (data-dependent trip count, no masked iterations); clamping the loaded ints proves every index in
-  # bounds, which keeps garbage inputs from reading out of the pool and lets tinygrad drop its index wrapping (% on every load)
-  seq = TS[n].maximum(0).minimum(S-1).cast(dtypes.weakint)
-  t = UOp.range(L[n].maximum(1).minimum(MAXB*block_size).cast(dtypes.weakint), 2, AxisType.REDUCE)
-  slot = BT[seq, t // block_size].maximum(0).minimum(NS//block_size - 1).cast(dtypes.weakint) * block_size + t % block_size  # page table
+  # GPU: a workgroup per (token, chunk), a thread per head (GQA heads share K/V rows in cache). CPU: one GLOBAL axis, no LOCAL axes.
+  n, c = UOp.range(N, 0, AxisType.GLOBAL), UOp.range(C, 1, AxisType.GLOBAL if has_local else AxisType.LOOP)
+  h = UOp.range(H, 2, AxisType.LOCAL if has_local else AxisType.LOOP)
+  k, d, d2 = UOp.range(D, 4, AxisType.UNROLL), UOp.range(D, 5, AxisType.UPCAST), UOp.range(D, 6, AxisType.UPCAST)
+  # clamping the loaded ints proves every index in bounds, which keeps garbage inputs from reading out of the pool and lets tinygrad
+  # drop its index wrapping (% on every load); the loop runs ceil(ctx_len / C) times, a data-dependent trip count
+  seq, ctx = TS[n].maximum(0).minimum(S-1).cast(dtypes.weakint), L[n].maximum(1).minimum(MAXB*block_size).cast(dtypes.weakint)
+  t = UOp.range((ctx + (C - 1)) // C, 3, AxisType.REDUCE)
+  valid = c * ((ctx + (C - 1)) // C) + t < ctx
+  pos = (c * ((ctx + (C - 1)) // C) + t).minimum(ctx - 1)
+  slot = BT[seq, pos // block_size].maximum(0).minimum(NS//block_size - 1).cast(dtypes.weakint) * block_size + pos % block_size  # page table
   score = (Q[n, h, k].cast(f32) * KP[slot, h // G, k].cast(f32)).reduce(k, arg=Ops.ADD) * (1 / math.sqrt(D))
-  # online-softmax state in registers: running max m, running denominator l, unnormalized output acc[D]; (re)initialized per (n, h)
-  m = UOp.placeholder((1,), f32, 0, addrspace=AddrSpace.REG).after(n, h)[0].set(-math.inf)
-  l = UOp.placeholder((1,), f32, 1, addrspace=AddrSpace.REG).after(n, h)[0].set(0.0)
-  acc = UOp.placeholder((D,), f32, 2, addrspace=AddrSpace.REG).after(n, h)[d].set(0.0, end=d)
+  # online-softmax state in registers: running max m, running denominator l, unnormalized output acc[D]; (re)initialized per (n, c, h)
+  m = UOp.placeholder((1,), f32, 0, addrspace=AddrSpace.REG).after(n, c, h)[0].set(-math.inf)
+  l = UOp.placeholder((1,), f32, 1, addrspace=AddrSpace.REG).after(n, c, h)[0].set(0.0)
+  acc = UOp.placeholder((D,), f32, 2, addrspace=AddrSpace.REG).after(n, c, h)[d].set(0.0, end=d)
   pm, pl = m.after(t)[0], l.after(t)[0]
-  m_new = pm.maximum(score)
-  alpha, p = (pm - m_new).exp(), (score - m_new).exp()   # rescale of the old state, weight of position t
+  m_new = valid.where(pm.maximum(score), pm)
+  alpha, p = valid.where((pm - m_new).exp(), 1.0), valid.where((score - m_new).exp(), 0.0)   # rescale of the old state, weight of t
   upd = UOp.group(m[0].store(m_new), l[0].store(pl * alpha + p),
                   acc[d2].store(acc.after(t)[d2] * alpha + p * VP[slot, h // G, d2].cast(f32)).end(d2)).end(t)
-  out = O[n, h, d].store((acc.after(upd)[d] / l.after(upd)[0]).cast(O.dtype)).end(d).end(h, n)
+  out = UOp.group(ACC[n, h, c, d].store(acc.after(upd)[d]).end(d), ML[n, h, c, 0].store(m.after(upd)[0]), ML[n, h, c, 1].store(l.after(upd)[0]))
   # tag=1 marks the AST as already optimized: tinygrad's range optimizer leaves our hand-placed axes and register state alone, and our
   # (empty) estimates are kept, as the data-dependent trip count can't be counted statically (the stats code would crash on it)
-  return out.sink(arg=KernelInfo(name="paged_attention", opts_to_apply=(), estimates=Estimates()), tag=1)
+  return out.end(h, c, n).sink(arg=KernelInfo(name="paged_attention", opts_to_apply=(), estimates=Estimates()), tag=1)
 
 def paged_attention(q:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor, token_seq:Tensor, ctx_lens:Tensor, block_size:int,
                     use_kernel:bool) -> Tensor:
@@ -57,9 +60,13 @@ def paged_attention(q:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor,
   (N, H, D), KVH = q.shape, k_pool.shape[1]
   assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
   if use_kernel:
+    # enough chunks to fill the GPU at small batches, few enough that the partial results stay small for prefill-sized steps
+    C, f32 = max(1, min(64, 4096 // N, -(-block_tables.shape[1] * block_size // 8))), dtypes.float
     fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[q.device].renderer.has_local)
-    out = Tensor.empty(N, H, D, dtype=q.dtype, device=q.device)
-    return out.custom_kernel(q, k_pool, v_pool, block_tables, token_seq, ctx_lens, fxn=fxn)[0]
+    acc, ml = Tensor.empty(N, H, C, D, dtype=f32, device=q.device), Tensor.empty(N, H, C, 2, dtype=f32, device=q.device)
+    acc, ml, *_ = acc.custom_kernel(ml, q, k_pool, v_pool, block_tables, token_seq, ctx_lens, fxn=fxn)
+    w = (ml[..., 0] - ml[..., 0].max(-1, keepdim=True)).exp()   # each chunk's weight; an empty chunk (m = -inf) weighs 0
+    return ((acc * w.unsqueeze(-1)).sum(2) / (ml[..., 1] * w).sum(-1).unsqueeze(-1)).cast(q.dtype)
   # portable reference: gather each token's slot ids from its block-table row, mask positions >= ctx_len, plain SDPA in float32
   T = block_tables.shape[1] * block_size
   slots = (block_tables[token_seq] * block_size).reshape(N, -1, 1) + Tensor.arange(block_size).to(q.device).reshape(1, 1, block_size)

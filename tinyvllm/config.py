@@ -17,8 +17,9 @@ class Config:
   kv_cache_memory: float | None = None   # GB for the KV pool; None = a share of free device memory where tinygrad can tell
   enable_prefix_caching: bool = True
   enforce_eager: bool = False            # no TinyJit graphs, for debugging
-  attention: str = "auto"                # "kernel" (custom UOp paged attention) or "gather" (plain tinygrad ops); auto = kernel on GPUs
-  seed: int = 0
+  attention: str = "kernel"              # "kernel" (custom UOp paged attention) or "gather" (plain tinygrad ops, the portable reference)
+  seed: int = 0                          # seeds the per-request seeds of requests that don't set one, so offline runs are repeatable
+  beam: int = 0                          # BEAM width for the decode graphs' kernels (tinygrad's BEAM), searched once and kept in its cache.db
 
 def select_device(device:str|None) -> str:
   """Map --device / $DEVICE onto tinygrad's DEV before any tensor exists; unknown devices fail listing what tinygrad can open."""

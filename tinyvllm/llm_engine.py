@@ -1,4 +1,4 @@
-import asyncio, threading, time, traceback, uuid
+import asyncio, random, threading, time, traceback, uuid
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config, BUNDLED_MODEL, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
@@ -10,6 +10,7 @@ class LLMEngine:
   """The engine loop of vLLM: requests in, one scheduler step + one model step per iteration, text deltas out."""
   def __init__(self, config:Config):
     self.config, self.device = config, select_device(config.device)
+    random.seed(config.seed)
     from tinyvllm.model_runner import ModelRunner   # imported after select_device, so no tensor is made on the wrong device
     self.tokenizer, self.model_name = Tokenizer(config.model or BUNDLED_MODEL), (config.model or BUNDLED_MODEL).rstrip("/").split("/")[-1]
     self.runner = ModelRunner(config)

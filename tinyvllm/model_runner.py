@@ -1,5 +1,5 @@
 import functools, math, numpy as np
-from tinygrad import Tensor, TinyJit, Device, dtypes
+from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinyvllm.config import Config, BUNDLED_MODEL
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.attention import kv_write, paged_attention
@@ -44,7 +44,7 @@ class ModelRunner:
       dtypes.bfloat16 if ckpt == "bfloat16" else dtypes.float16
     config.max_model_len = min(config.max_model_len or 4096, c.get("max_position_embeddings", 4096))
     self.model = Transformer(c, load_weights(model_dir, c, self.dtype, dummy=config.load_format == "dummy"), config.max_model_len)
-    self.use_kernel = config.attention == "kernel" or (config.attention == "auto" and self.device != "CPU")
+    self.use_kernel = config.attention != "gather"
     L, KV, hd, bs = c["num_hidden_layers"], c["num_key_value_heads"], c["head_dim"], config.block_size
     bytes_per_block = 2 * L * bs * KV * hd * self.dtype.itemsize
     gb = config.kv_cache_memory or self.default_kv_gb(config.max_num_seqs * config.max_model_len // bs * bytes_per_block / 1e9)
@@ -65,10 +65,10 @@ class ModelRunner:
 
   def forward(self, ints:Tensor, floats:Tensor, N:int, R:int, filtered:bool) -> Tensor:
     """ints packs the step's int inputs into one host->device copy: 5 rows of N per-token values, the block tables, 4 rows of R per-sample values."""
-    S, MB = self.config.max_num_seqs, self.max_blocks
+    MB = self.max_blocks   # a step holds at most R = min(N, max_num_seqs) sequences: that many block-table rows and sampled rows
     tokens, positions, slots, token_seq, ctx_lens = [ints[i*N:(i+1)*N] for i in range(5)]
-    block_tables = ints[5*N:5*N + S*MB].reshape(S, MB)
-    logits_idx, seeds, steps, top_k = [ints[5*N + S*MB + i*R:5*N + S*MB + (i+1)*R] for i in range(4)]
+    block_tables = ints[5*N:5*N + R*MB].reshape(R, MB)
+    logits_idx, seeds, steps, top_k = [ints[5*N + R*MB + i*R:5*N + R*MB + (i+1)*R] for i in range(4)]
     def attention(i:int, q:Tensor, k:Tensor, v:Tensor) -> Tensor:
       k_pool, v_pool = kv_write(*self.kv[i], slots, k, v)
       return paged_attention(q, k_pool, v_pool, block_tables, token_seq, ctx_lens, self.config.block_size, self.use_kernel)
@@ -82,7 +82,7 @@ class ModelRunner:
     N = N or next(b for b in self.buckets if b >= sum(n for _, n in batch))
     R = min(N, S)
     tok = np.zeros((5, N), np.int32); tok[2], tok[4] = -1, 1    # padding rows write nowhere and attend to one position
-    bt, per_row, fl = np.zeros((S, MB), np.int32), np.zeros((4, R), np.int32), np.zeros((2, R), np.float32)
+    bt, per_row, fl = np.zeros((R, MB), np.int32), np.zeros((4, R), np.int32), np.zeros((2, R), np.float32)
     off = r = 0
     for s, (seq, n) in enumerate(batch):
       pos = np.arange(seq.num_computed_tokens, seq.num_computed_tokens + n)
@@ -100,5 +100,6 @@ class ModelRunner:
     return out.tolist()[:r]
 
   def warmup(self):
-    """Capture every decode graph up front (a TinyJit records on its second call), so no request pays for it."""
-    for N in [b for b in self.buckets if b <= self.config.max_num_seqs] * 2: self.run([], N)
+    """Capture every step graph up front (a TinyJit records on its second call), so no request pays for compiling or capturing."""
+    for N in self.buckets * 2:
+      with Context(BEAM=self.config.beam if N <= self.config.max_num_seqs else 0): self.run([], N)

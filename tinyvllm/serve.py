@@ -1,5 +1,5 @@
 """OpenAI-compatible HTTP server (`python -m tinyvllm.serve`): one AsyncLLM behind a small Starlette app, shaped like vLLM's api_server."""
-import argparse, asyncio, bisect, collections, contextlib, hmac, itertools, json, logging, time, uuid
+import argparse, asyncio, bisect, collections, contextlib, dataclasses, hmac, itertools, json, logging, time, typing, uuid
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -163,13 +163,10 @@ def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=No
 
 def main():
   p = argparse.ArgumentParser(description="tinyvllm OpenAI-compatible server")
-  for flag, typ, doc in [("--model", str, "Hugging Face model folder (default: the bundled stories260K)"),
-                         ("--device", str, "CUDA, METAL, AMD, CPU (default: $DEVICE)"), ("--max-model-len", int, "context length"),
-                         ("--max-num-seqs", int, "most sequences in one step"), ("--max-num-batched-tokens", int, "token budget of one step"),
-                         ("--kv-cache-memory", float, "GB for the KV cache"), ("--block-size", int, "tokens per KV block"),
-                         ("--dtype", str, "compute dtype"), ("--served-model-name", str, "model name in the API (default: the folder name)"),
-                         ("--api-key", str, "require 'Authorization: Bearer KEY' on /v1/*")]: p.add_argument(flag, type=typ, help=doc)
-  p.add_argument("--enforce-eager", action="store_true", default=None, help="no TinyJit graphs")
+  for f in dataclasses.fields(Config):   # every engine option is a flag: --model, --device, --max-model-len, --kv-cache-memory, ...
+    typ = next((t for t in typing.get_args(f.type) if t is not type(None)), f.type)
+    p.add_argument("--" + f.name.replace("_", "-"), **({"action": argparse.BooleanOptionalAction} if typ is bool else {"type": typ}))
+  p.add_argument("--served-model-name"); p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
   p.add_argument("--host", default="127.0.0.1"); p.add_argument("--port", type=int, default=8000)
   args = p.parse_args()
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

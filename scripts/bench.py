@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Offline benchmarks of the tinyvllm engine.
+
+Throughput, nano-vllm's workload: --num-requests prompts of uniform random token ids with uniform random input and output lengths,
+ignore_eos, all handed to LLM.generate at once (continuous batching), or one at a time with --sequential (the baseline).
+Latency (--latency): batch-1 decode tok/s after a 128-token prompt and time to first token of a 1024-token prompt, each printed beside a
+roofline from the device copy bandwidth and matmul rate measured in the same run.
+
+  python scripts/bench.py                                             # bundled stories260K, real weights, default device
+  python scripts/bench.py --config llama-3.2-1b --device CUDA         # scripts/configs/llama-3.2-1b, dummy weights
+  python scripts/bench.py --config llama-3.2-1b --device CUDA --latency
+"""
+import argparse, math, os, shutil, statistics, sys, tempfile, time
+import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # runs from a checkout without `pip install -e .`
+from tinygrad import Tensor, TinyJit, Device, dtypes
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.config import BUNDLED_MODEL, select_device
+
+ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "block_size", "enforce_eager", "attention", "max_model_len", "dtype", "beam")
+
+def model_folder(args) -> tuple[str | None, str]:
+  """(model folder, load_format) for the engine."""
+  if not args.config: return args.model, "auto"
+  # scripts/configs/<name> holds only config.json: no weights (load_format="dummy") and no tokenizer, as the bench passes token ids. But
+  # LLMEngine always builds Tokenizer(model_dir), so run from a temp copy with the bundled stories260K tokenizer.model beside the config:
+  # the engine starts, and generated ids past its 512 pieces decode to "" (fine: ignore_eos=True, and we count tokens, not text).
+  os.makedirs(dst := os.path.join(tempfile.mkdtemp(prefix="tinyvllm-bench-"), args.config))
+  shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", args.config, "config.json"), dst)
+  shutil.copy(os.path.join(BUNDLED_MODEL, "tokenizer.model"), dst)
+  return dst, "dummy"
+
+def best_time(fn, *args, reps=5, inner=10) -> float:
+  """Best seconds per call of a TinyJit'd fn: calls 1-2 compile and capture; each timed rep replays `inner` times between syncs, so
+  the host's launch overhead overlaps the device work."""
+  for _ in range(2): fn(*args)
+  best = math.inf
+  for _ in range(reps):
+    Device[Device.DEFAULT].synchronize(); t = time.perf_counter()
+    for _ in range(inner): fn(*args)
+    Device[Device.DEFAULT].synchronize(); best = min(best, (time.perf_counter() - t) / inner)
+  return best
+
+def measure_device(copy_gib:float, mm:int, dtype) -> tuple[float, float]:
+  """(copy bandwidth B/s counting bytes read + written, matmul FLOP/s) on the default device: the hardware ceilings, so through the vendor
+  library (torch's cudaMemcpy and cuBLAS) where it is there, else through tinygrad's own kernels."""
+  try:
+    import torch
+    assert Device.DEFAULT == "CUDA" and torch.cuda.is_available()
+    a, x = torch.empty(int(copy_gib * 2**30), dtype=torch.uint8, device="cuda"), torch.randn(mm, mm, dtype=torch.float16, device="cuda")
+    b, ev = torch.empty_like(a), [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    def t(fn, reps=10):
+      fn(); ev[0].record(); [fn() for _ in range(reps)]; ev[1].record(); torch.cuda.synchronize(); return ev[0].elapsed_time(ev[1]) / 1e3 / reps
+    bw, rate = 2 * a.numel() / min(t(lambda: b.copy_(a)) for _ in range(3)), 2 * mm**3 / min(t(lambda: x @ x) for _ in range(3))
+    del a, b, x; torch.cuda.empty_cache()
+    return bw, rate
+  except (ImportError, AssertionError): pass
+  a = Tensor.zeros(int(copy_gib * 2**30) // 4, dtype=dtypes.float32).contiguous().realize()
+  bw = 2 * a.nbytes() / best_time(TinyJit(lambda x: (x + 1).realize()), a)    # one elementwise kernel: reads a, writes a new buffer
+  x, y = Tensor.rand(mm, mm, dtype=dtype).realize(), Tensor.rand(mm, mm, dtype=dtype).realize()
+  rate = 2 * mm**3 / best_time(TinyJit(lambda p, q: (p @ q).realize()), x, y, inner=3)
+  del a, x, y
+  if hasattr(alloc := Device[Device.DEFAULT].allocator, "free_cache"): alloc.free_cache()   # give the memory back before the KV pool sizes
+  return bw, rate
+
+def timed_request(eng, ids:list[int], sp:SamplingParams) -> list[float]:
+  """Runs one request alone through the engine; returns the seconds from submission to each output token."""
+  t0, times = time.perf_counter(), []
+  eng.add_request(ids, sp)
+  while eng.has_unfinished():
+    for out in eng.step(): times += [time.perf_counter() - t0] * sum(len(o.token_ids) for o in out.outputs)
+  return times
+
+def latency(args, llm, name, dev, bw, rate):
+  eng, runner, rng = llm.engine, llm.engine.runner, np.random.default_rng(args.seed)
+  c, it, mml, vocab = runner.hf, runner.dtype.itemsize, eng.config.max_model_len, min(runner.hf["vocab_size"], 10000)
+  w, L, H, KV, hd = runner.model.w, c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+  params = sum(t.numel() for t in w.values())
+  # decode reads every weight once per token, except the embedding table (one row gathered), plus the whole LM head (tied or not)
+  weight_bytes = (params - w["model.embed_tokens.weight"].numel() + runner.model.lm_head.numel()) * it
+  prompt, out = min(128, mml // 2), min(128, mml // 2)
+  sp = SamplingParams(temperature=args.temperature, max_tokens=out, ignore_eos=True)
+  runs = [timed_request(eng, rng.integers(0, vocab, prompt).tolist(), sp) for _ in range(5)][2:]   # 2 warm-up runs (JIT capture)
+  dec = statistics.median((len(t) - 1) / (t[-1] - t[0]) for t in runs)
+  kv_bytes = 2 * L * KV * hd * it * (prompt + out / 2)    # K and V of the average context, every layer
+  dec_roof = bw / (weight_bytes + kv_bytes)
+  T = min(1024, mml - 1)    # fresh random prompts each run, so the prefix cache never hits
+  ttft = statistics.median([timed_request(eng, rng.integers(0, vocab, T).tolist(), SamplingParams(max_tokens=1))[0] for _ in range(7)][2:])
+  proj = sum(t.numel() for k, t in w.items() if k.endswith("_proj.weight"))
+  # prefill: 2 FLOPs per weight per token in the projections, the LM head for the last token only, causal attention (QK^T and PV)
+  flops = 2 * T * proj + 2 * runner.model.lm_head.numel() + L * 2 * H * hd * T * (T + 1)
+  ttft_roof = max(flops / rate, weight_bytes / bw)
+  print(f"params {params / 1e6:,.1f} M ({runner.dtype.name}), bytes read per decode token {(weight_bytes + kv_bytes) / 1e6:,.1f} MB, "
+        f"prefill FLOPs for {T} tokens {flops / 1e9:,.1f} G")
+  print(f"decode batch 1 ({prompt}-token prompt, {out} tokens): {dec:.1f} tok/s, roofline {dec_roof:.1f} tok/s ({dec / dec_roof:.1%})")
+  print(f"TTFT {T}-token prompt: {ttft * 1e3:.1f} ms median of 5, roofline {ttft_roof * 1e3:.2f} ms ({ttft_roof / ttft:.1%})")
+  print(f"SUMMARY | {name} | {dev} | decode batch 1 | {dec:.1f} tok/s | roofline {dec_roof:.0f} tok/s at {bw / 1e9:.0f} GB/s copy | "
+        f"{dec / dec_roof:.1%} |")
+  print(f"SUMMARY | {name} | {dev} | TTFT {T} tokens | {ttft * 1e3:.1f} ms | roofline {ttft_roof * 1e3:.2f} ms at {rate / 1e12:.3g} TFLOPS | "
+        f"{ttft_roof / ttft:.1%} |")
+
+def throughput(args, llm, name, dev):
+  eng, rng, n = llm.engine, np.random.default_rng(args.seed), args.num_requests
+  ins, outs = rng.integers(args.min_input, args.max_input + 1, n), rng.integers(args.min_output, args.max_output + 1, n)
+  prompts = [rng.integers(0, min(eng.runner.hf["vocab_size"], 10000), k).tolist() for k in ins]
+  if args.max_input + args.max_output > (mml := eng.config.max_model_len):   # e.g. stories260K's 512: keep every request inside the context
+    ins, outs = np.minimum(ins, mml // 2), np.minimum(outs, mml - np.minimum(ins, mml // 2))
+    prompts = [p[:k] for p, k in zip(prompts, ins)]
+    print(f"note: lengths clipped to max_model_len {mml}: inputs {ins.min()}-{ins.max()}, outputs {outs.min()}-{outs.max()}")
+  sps = [SamplingParams(temperature=args.temperature, max_tokens=int(k), ignore_eos=True) for k in outs]
+  t = time.perf_counter()
+  if args.sequential: res = [llm.generate([p], [sp], use_tqdm=False)[0] for p, sp in zip(prompts, sps)]
+  else: res = llm.generate(prompts, sps, use_tqdm=sys.stderr.isatty())
+  dt, n_out, n_in = time.perf_counter() - t, sum(len(r.outputs[0].token_ids) for r in res), int(sum(ins))
+  mode = "sequential" if args.sequential else "batched"
+  print(f"{mode}: {n} requests, {n_in} prompt + {n_out} output tokens in {dt:.2f} s: {n_out / dt:.1f} output tok/s, "
+        f"{(n_in + n_out) / dt:.1f} total tok/s, {eng.scheduler.num_preemptions} preemptions")
+  print(f"SUMMARY | {name} | {dev} | {mode} {n} reqs, in {ins.min()}-{ins.max()}, out {outs.min()}-{outs.max()} | {dt:.1f} s | "
+        f"{n_out / dt:.1f} out tok/s | {(n_in + n_out) / dt:.1f} total tok/s |")
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  g = p.add_mutually_exclusive_group()
+  g.add_argument("--model", help="Hugging Face model folder (default: the bundled stories260K)")
+  g.add_argument("--config", help="a scripts/configs folder name, e.g. llama-3.2-1b: dummy weights")
+  p.add_argument("--device", help="tinygrad device: CUDA, METAL, AMD, CPU")
+  p.add_argument("--latency", action="store_true", help="batch-1 decode and TTFT against rooflines instead of throughput")
+  p.add_argument("--sequential", action="store_true", help="throughput with one request at a time")
+  for flag, default in [("--num-requests", 256), ("--min-input", 100), ("--max-input", 1024), ("--min-output", 100), ("--max-output", 1024),
+                        ("--seed", 0), ("--max-num-seqs", 256), ("--max-num-batched-tokens", 8192), ("--block-size", None),
+                        ("--max-model-len", None)]: p.add_argument(flag, type=int, default=default)
+  p.add_argument("--temperature", type=float, default=0.6)
+  p.add_argument("--kv-cache-memory", type=float, help="GB for the KV pool")
+  p.add_argument("--enforce-eager", action="store_true", default=None)
+  p.add_argument("--attention", choices=["kernel", "gather"])
+  p.add_argument("--dtype")
+  p.add_argument("--beam", type=int, help="BEAM width for the decode graphs (searched once, cached in tinygrad's cache.db)")
+  p.add_argument("--copy-gib", type=float, default=1.0, help="latency: buffer size of the bandwidth test")
+  p.add_argument("--matmul-size", type=int, help="latency: M=N=K of the matmul test (default 8192, 2048 on CPU)")
+  args = p.parse_args()
+  if args.latency: args.max_num_batched_tokens = max(args.max_num_batched_tokens, 1024)   # the 1024-token prompt must be one step
+  dev = select_device(args.device)
+  if args.latency:   # measured before the engine exists, as on CUDA the KV pool takes 90% of the free memory
+    cpu = dev.split(":")[0] == "CPU"
+    bw, rate = measure_device(args.copy_gib, args.matmul_size or (2048 if cpu else 8192), dtypes.float32 if cpu else dtypes.float16)
+    print(f"device {dev}: copy bandwidth {bw / 1e9:.1f} GB/s (read + write), matmul {rate / 1e12:.3g} TFLOPS "
+          f"({'fp32' if cpu else 'fp16'}, {args.matmul_size or (2048 if cpu else 8192)}^3)")
+  model, load_format = model_folder(args)
+  name = args.config or os.path.basename((args.model or BUNDLED_MODEL).rstrip("/"))
+  t = time.perf_counter()
+  llm = LLM(model, args.device, load_format=load_format, **{k: v for k in ENGINE_ARGS if (v := getattr(args, k)) is not None})
+  cfg = llm.engine.config
+  print(f"engine start-up (model load + KV alloc + graph capture): {time.perf_counter() - t:.1f} s; {name} on {dev}, "
+        f"{llm.engine.runner.dtype.name}, {llm.engine.runner.num_blocks} KV blocks of {cfg.block_size}, max_model_len {cfg.max_model_len}, "
+        f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}")
+  if args.latency: latency(args, llm, name, dev, bw, rate)
+  else: throughput(args, llm, name, dev)
+  if args.config: shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+
+if __name__ == "__main__": main()

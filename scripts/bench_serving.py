@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Online serving benchmark for an OpenAI-compatible chat server (tinyvllm.serve, or vLLM for comparison).
+
+--concurrency streaming chat clients send --num-prompts requests of random words, each with max_tokens=--output-len and ignore_eos, and
+we report TTFT p50/p99, TPOT p50/p99 (per request: (e2e - ttft) / (tokens - 1)) and overall output tok/s. --warmup-rounds rounds of
+--concurrency requests run first and are not counted: tinyvllm captures only decode graphs at start-up, and compiles the other step sizes
+when they are first used.
+
+  python -m tinyvllm.serve --device CUDA --model DIR &  python scripts/bench_serving.py --url http://127.0.0.1:8000
+  python scripts/bench_serving.py --launch --device CUDA --model DIR      # starts the server; unknown args are passed to it
+Uses the official `openai` client when it is installed, else raw httpx SSE.
+"""
+import argparse, asyncio, json, os, random, subprocess, sys, time, urllib.parse
+import httpx, numpy as np
+try: from openai import AsyncOpenAI
+except ImportError: AsyncOpenAI = None
+
+WORDS = ("the a little girl boy dog cat sun tree house park ball happy sad big small red blue green went saw played ran jumped found "
+         "said mom dad friend day night sky water toy box cake bird fish car book door garden flower rain snow walk look smile help").split()
+
+async def stream_openai(client, model:str, body:dict):
+  """Yields (content delta or None, completion_tokens from the usage chunk or None) for one streaming chat request."""
+  extra = {"ignore_eos": body.pop("ignore_eos")}
+  async for c in await client.chat.completions.create(model=model, stream=True, extra_body=extra, **body):
+    yield (c.choices[0].delta.content if c.choices else None), (c.usage.completion_tokens if c.usage else None)
+
+async def stream_httpx(client, model:str, body:dict):
+  async with client.stream("POST", "/v1/chat/completions", json={"model": model, "stream": True, **body}) as r:
+    if r.status_code != 200: raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}")
+    async for line in r.aiter_lines():
+      if not line.startswith("data: ") or line == "data: [DONE]": continue
+      if "error" in (obj := json.loads(line[6:])): raise RuntimeError(obj["error"].get("message"))
+      yield (obj["choices"][0]["delta"].get("content") if obj.get("choices") else None), (obj.get("usage") or {}).get("completion_tokens")
+
+async def one_request(stream, client, model:str, prompt:str, args) -> tuple[float, float, int]:
+  """(ttft, e2e, output tokens) in seconds. The first token is the first chunk with text: the server opens with an empty role chunk."""
+  body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": args.output_len, "temperature": args.temperature,
+          "stream_options": {"include_usage": True}, "ignore_eos": True}
+  t0, ttft, chunks, usage = time.perf_counter(), None, 0, None
+  async for text, n in stream(client, model, body):
+    if text:
+      ttft, chunks = ttft or time.perf_counter() - t0, chunks + 1
+    usage = n if n is not None else usage
+  if ttft is None: raise RuntimeError("no text in the response")
+  return ttft, time.perf_counter() - t0, usage or chunks   # chunks undercount if the server merges or holds back tokens; usage is exact
+
+async def run(args, url:str, prompts:list[str]) -> tuple[list, list, float]:
+  headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+  async with httpx.AsyncClient(base_url=url, headers=headers, timeout=None, limits=httpx.Limits(max_connections=args.concurrency + 4)) as hc:
+    model = (await hc.get("/v1/models")).raise_for_status().json()["data"][0]["id"]
+    if AsyncOpenAI is not None: stream, client = stream_openai, AsyncOpenAI(base_url=f"{url}/v1", api_key=args.api_key or "EMPTY",
+                                                                            max_retries=0, timeout=None, http_client=hc)
+    else: stream, client = stream_httpx, hc
+    async def batch(todo:list[str]) -> tuple[list, list]:
+      results, errors, queue = [], [], list(reversed(todo))
+      async def worker():
+        while queue:
+          try: results.append(await one_request(stream, client, model, queue.pop(), args))
+          except Exception as e: errors.append(f"{type(e).__name__}: {e}")
+      await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+      return results, errors
+    for i in range(args.warmup_rounds):   # two alike rounds: TinyJit compiles a step size on its first call and captures it on the second
+      if (errors := (await batch(prompts[i * args.concurrency:(i + 1) * args.concurrency]))[1]):
+        print(f"warm-up: {len(errors)} failed, first: {errors[0]}")
+    t = time.perf_counter()
+    results, errors = await batch(prompts[args.warmup_rounds * args.concurrency:])
+    return results, errors, time.perf_counter() - t
+
+def launch(args, server_args:list[str], url:str) -> subprocess.Popen:
+  u = urllib.parse.urlparse(url)
+  cmd = [sys.executable, "-m", "tinyvllm.serve", "--host", u.hostname, "--port", str(u.port or 80), *server_args]
+  cmd += ["--api-key", args.api_key] if args.api_key else []
+  print("launching:", " ".join(cmd), flush=True)
+  proc, t = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), time.perf_counter()
+  while time.perf_counter() - t < args.launch_timeout:   # start-up loads the model and captures the decode graphs: minutes on a GPU
+    if proc.poll() is not None: sys.exit(f"server exited with code {proc.returncode} before it was healthy")
+    try:
+      if httpx.get(f"{url}/health", timeout=2).status_code == 200: print(f"server healthy after {time.perf_counter() - t:.1f} s"); return proc
+    except httpx.TransportError: pass
+    time.sleep(1)
+  proc.terminate(); sys.exit(f"server not healthy after {args.launch_timeout} s")
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--url", default="http://127.0.0.1:8000")
+  p.add_argument("--launch", action="store_true", help="start `python -m tinyvllm.serve` with the unknown args, and stop it at the end")
+  p.add_argument("--launch-timeout", type=float, default=1800)
+  p.add_argument("--num-prompts", type=int, default=64)
+  p.add_argument("--concurrency", type=int, default=16)
+  p.add_argument("--input-words", type=int, default=100, help="random words per prompt")
+  p.add_argument("--output-len", type=int, default=128)
+  p.add_argument("--temperature", type=float, default=0.6)
+  p.add_argument("--warmup-rounds", type=int, default=2, help="uncounted rounds of --concurrency requests first")
+  p.add_argument("--api-key")
+  p.add_argument("--seed", type=int, default=0)
+  args, server_args = p.parse_known_args()
+  if server_args and not args.launch: p.error(f"unrecognized arguments: {' '.join(server_args)} (server args need --launch)")
+  url, rng = args.url.rstrip("/"), random.Random(args.seed)
+  prompts = [" ".join(rng.choice(WORDS) for _ in range(args.input_words)) for _ in range(args.warmup_rounds * args.concurrency + args.num_prompts)]
+  proc = launch(args, server_args, url) if args.launch else None
+  try: results, errors, wall = asyncio.run(run(args, url, prompts))
+  finally:
+    if proc: proc.terminate(); proc.wait(30)
+  print(f"client: {'openai' if AsyncOpenAI else 'httpx'}; {len(results)} ok, {len(errors)} failed" + (f", first: {errors[0]}" if errors else ""))
+  if not results: sys.exit(1)
+  ttft, e2e, ntok = map(np.array, zip(*results))
+  tpot = [(e - t) / (n - 1) for t, e, n in results if n > 1] or [float("nan")]
+  pct = lambda x, q: np.percentile(x, q) * 1e3
+  print(f"{len(results)} requests, concurrency {args.concurrency}, ~{args.input_words} words in, {args.output_len} tokens out: {wall:.2f} s, "
+        f"{ntok.sum()} output tokens, {ntok.sum() / wall:.1f} output tok/s, {len(results) / wall:.2f} req/s")
+  print(f"TTFT ms: mean {ttft.mean() * 1e3:.1f}, p50 {pct(ttft, 50):.1f}, p99 {pct(ttft, 99):.1f}")
+  print(f"TPOT ms: mean {np.mean(tpot) * 1e3:.2f}, p50 {pct(tpot, 50):.2f}, p99 {pct(tpot, 99):.2f}")
+  print(f"SUMMARY | serving | {len(results)} reqs, concurrency {args.concurrency}, out {args.output_len} | TTFT p50 {pct(ttft, 50):.1f} ms, "
+        f"p99 {pct(ttft, 99):.1f} ms | TPOT p50 {pct(tpot, 50):.2f} ms, p99 {pct(tpot, 99):.2f} ms | {ntok.sum() / wall:.1f} out tok/s |")
+
+if __name__ == "__main__": main()
