@@ -98,7 +98,7 @@ def test_render(backend, name):
   if name == "kv_write": fxn, args = _kv_write_kernel, [pool, pool, ((N,), dtypes.int32), ((N, KVH, 64), h), ((N, KVH, 64), h)]
   else:
     fxn = functools.partial(_paged_attention_kernel, block_size=BS, has_local=True)
-    args = [((N, 8, 4, 64), dtypes.float), ((N, 8, 4, 2), dtypes.float), ((N, 8, 64), h), pool, pool, ((S, MAXB), dtypes.int32),
+    args = [((N, 8, 4, 66), dtypes.float), ((N, 8, 64), h), pool, pool, ((S, MAXB), dtypes.int32),
             ((N,), dtypes.int32), ((N,), dtypes.int32)]
   ast = fxn(*[UOp.placeholder(shape, dtype, i) for i, (shape, dtype) in enumerate(args)])
   sink = full_rewrite_to_sink(ast, ren, optimize=ast.tag is None)   # what tinygrad's to_program does

@@ -22,11 +22,11 @@ def kv_write(k_pool:Tensor, v_pool:Tensor, slots:Tensor, k:Tensor, v:Tensor) -> 
   kp, vp, *_ = k_pool.custom_kernel(v_pool, slots, k, v, fxn=_kv_write_kernel)
   return kp, vp
 
-def _paged_attention_kernel(ACC:UOp, ML:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UOp, block_size:int, has_local:bool) -> UOp:
+def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UOp, block_size:int, has_local:bool) -> UOp:
   # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and one thread per
   # (token n, head h, chunk c) walks its chunk once with an online softmax; q.k is computed once per (n, h, t) and the D-wide output
   # accumulator is an UPCAST register array. The partial (m, l, acc) of the chunks are merged afterwards with plain tinygrad ops.
-  (N, H, C, D), (NS, KVH, _), (S, MAXB) = ACC.shape, KP.shape, BT.shape
+  (N, H, C, D2), (NS, KVH, D), (S, MAXB) = OUT.shape, KP.shape, BT.shape   # OUT[..., :D] = acc, OUT[..., D] = m, OUT[..., D+1] = l
   G, f32 = H // KVH, dtypes.float
   # GPU: a workgroup per (token, chunk), a thread per head (GQA heads share K/V rows in cache). CPU: one GLOBAL axis, no LOCAL axes.
   n, c = UOp.range(N, 0, AxisType.GLOBAL), UOp.range(C, 1, AxisType.GLOBAL if has_local else AxisType.LOOP)
@@ -49,7 +49,7 @@ def _paged_attention_kernel(ACC:UOp, ML:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:U
   alpha, p = valid.where((pm - m_new).exp(), 1.0), valid.where((score - m_new).exp(), 0.0)   # rescale of the old state, weight of t
   upd = UOp.group(m[0].store(m_new), l[0].store(pl * alpha + p),
                   acc[d2].store(acc.after(t)[d2] * alpha + p * VP[slot, h // G, d2].cast(f32)).end(d2)).end(t)
-  out = UOp.group(ACC[n, h, c, d].store(acc.after(upd)[d]).end(d), ML[n, h, c, 0].store(m.after(upd)[0]), ML[n, h, c, 1].store(l.after(upd)[0]))
+  out = UOp.group(OUT[n, h, c, d].store(acc.after(upd)[d]).end(d), OUT[n, h, c, D].store(m.after(upd)[0]), OUT[n, h, c, D+1].store(l.after(upd)[0]))
   # tag=1 marks the AST as already optimized: tinygrad's range optimizer leaves our hand-placed axes and register state alone, and our
   # (empty) estimates are kept, as the data-dependent trip count can't be counted statically (the stats code would crash on it)
   return out.end(h, c, n).sink(arg=KernelInfo(name="paged_attention", opts_to_apply=(), estimates=Estimates()), tag=1)
@@ -63,10 +63,13 @@ def paged_attention(q:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor,
     # enough chunks to fill the GPU at small batches, few enough that the partial results stay small for prefill-sized steps
     C, f32 = max(1, min(64, 4096 // N, -(-block_tables.shape[1] * block_size // 8))), dtypes.float
     fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[q.device].renderer.has_local)
-    acc, ml = Tensor.empty(N, H, C, D, dtype=f32, device=q.device), Tensor.empty(N, H, C, 2, dtype=f32, device=q.device)
-    acc, ml, *_ = acc.custom_kernel(ml, q, k_pool, v_pool, block_tables, token_seq, ctx_lens, fxn=fxn)
-    w = (ml[..., 0] - ml[..., 0].max(-1, keepdim=True)).exp()   # each chunk's weight; an empty chunk (m = -inf) weighs 0
-    return ((acc * w.unsqueeze(-1)).sum(2) / (ml[..., 1] * w).sum(-1).unsqueeze(-1)).cast(q.dtype)
+    # with a one-row table token_seq is provably 0 and tinygrad drops it from the kernel's parameters, but tinygrad 0.14's CUDA graph still
+    # passes every buffer, and building the graph fails ("invalid argument"): a second row keeps the signature whole
+    if block_tables.shape[0] == 1: block_tables = block_tables.pad(((0, 1), None))
+    # one output buffer holds each chunk's partial result: [acc (D), m, l]
+    part = Tensor.empty(N, H, C, D + 2, dtype=f32, device=q.device).custom_kernel(q, k_pool, v_pool, block_tables, token_seq, ctx_lens, fxn=fxn)[0]
+    w = (part[..., D] - part[..., D].max(-1, keepdim=True)).exp()   # each chunk's weight; an empty chunk (m = -inf) weighs 0
+    return ((part[..., :D] * w.unsqueeze(-1)).sum(2) / (part[..., D+1] * w).sum(-1).unsqueeze(-1)).cast(q.dtype)
   # portable reference: gather each token's slot ids from its block-table row, mask positions >= ctx_len, plain SDPA in float32
   T = block_tables.shape[1] * block_size
   slots = (block_tables[token_seq] * block_size).reshape(N, -1, 1) + Tensor.arange(block_size).to(q.device).reshape(1, 1, block_size)
