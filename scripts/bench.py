@@ -10,9 +10,10 @@ roofline from the device copy bandwidth and matmul rate measured in the same run
   python scripts/bench.py --config llama-3.2-1b --device CUDA         # scripts/configs/llama-3.2-1b, dummy weights
   python scripts/bench.py --config llama-3.2-1b --device CUDA --latency
 """
-import argparse, math, os, shutil, statistics, sys, tempfile, time
+import argparse, json, math, os, shutil, statistics, sys, tempfile, time
 import numpy as np
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # runs from a checkout without `pip install -e .`
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))   # runs from a checkout without `pip install -e .`
 from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import BUNDLED_MODEL, select_device
@@ -22,12 +23,15 @@ ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "blo
 def model_folder(args) -> tuple[str | None, str]:
   """(model folder, load_format) for the engine."""
   if not args.config: return args.model, "auto"
-  # scripts/configs/<name> holds only config.json: no weights (load_format="dummy") and no tokenizer, as the bench passes token ids. But
-  # LLMEngine always builds Tokenizer(model_dir), so run from a temp copy with the bundled stories260K tokenizer.model beside the config:
-  # the engine starts, and generated ids past its 512 pieces decode to "" (fine: ignore_eos=True, and we count tokens, not text).
+  # scripts/configs/<name> holds only config.json: dummy weights (load_format="dummy") and no tokenizer. LLMEngine always builds
+  # Tokenizer(model_dir), so run from a temp copy with a tokenizer beside the config: Llama 3's 128k BPE from tests/data for the large
+  # vocabularies (so the server benchmark streams real text; ids past its 128,256 decode to ""), stories260K's for small ones.
   os.makedirs(dst := os.path.join(tempfile.mkdtemp(prefix="tinyvllm-bench-"), args.config))
-  shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", args.config, "config.json"), dst)
-  shutil.copy(os.path.join(BUNDLED_MODEL, "tokenizer.model"), dst)
+  shutil.copy(os.path.join(HERE, "configs", args.config, "config.json"), dst)
+  llama3 = os.path.join(os.path.dirname(HERE), "tests", "data", "llama3-tiktoken")
+  big = json.load(open(os.path.join(dst, "config.json")))["vocab_size"] >= 128256 and os.path.isdir(llama3)
+  for f in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json") if big else ("tokenizer.model",):
+    shutil.copy(os.path.join(llama3 if big else BUNDLED_MODEL, f), dst)
   return dst, "dummy"
 
 def best_time(fn, *args, reps=5, inner=10) -> float:

@@ -3,11 +3,11 @@
 
 --concurrency streaming chat clients send --num-prompts requests of random words, each with max_tokens=--output-len and ignore_eos, and
 we report TTFT p50/p99, TPOT p50/p99 (per request: (e2e - ttft) / (tokens - 1)) and overall output tok/s. --warmup-rounds rounds of
---concurrency requests run first and are not counted: tinyvllm captures only decode graphs at start-up, and compiles the other step sizes
-when they are first used.
+--concurrency requests run first and are not counted (tinyvllm captures its step graphs at start-up; other servers may compile lazily).
 
   python -m tinyvllm.serve --device CUDA --model DIR &  python scripts/bench_serving.py --url http://127.0.0.1:8000
   python scripts/bench_serving.py --launch --device CUDA --model DIR      # starts the server; unknown args are passed to it
+  python scripts/bench_serving.py --launch --device CUDA --config llama-3.2-1b --kv-cache-memory 20   # dummy weights
 Uses the official `openai` client when it is installed, else raw httpx SSE.
 """
 import argparse, asyncio, json, os, random, subprocess, sys, time, urllib.parse
@@ -85,6 +85,7 @@ def main():
   p.add_argument("--url", default="http://127.0.0.1:8000")
   p.add_argument("--launch", action="store_true", help="start `python -m tinyvllm.serve` with the unknown args, and stop it at the end")
   p.add_argument("--launch-timeout", type=float, default=1800)
+  p.add_argument("--config", help="with --launch: serve a scripts/configs folder (e.g. llama-3.2-1b) with dummy weights")
   p.add_argument("--num-prompts", type=int, default=64)
   p.add_argument("--concurrency", type=int, default=16)
   p.add_argument("--input-words", type=int, default=100, help="random words per prompt")
@@ -97,6 +98,10 @@ def main():
   if server_args and not args.launch: p.error(f"unrecognized arguments: {' '.join(server_args)} (server args need --launch)")
   url, rng = args.url.rstrip("/"), random.Random(args.seed)
   prompts = [" ".join(rng.choice(WORDS) for _ in range(args.input_words)) for _ in range(args.warmup_rounds * args.concurrency + args.num_prompts)]
+  if args.config:   # the same dummy-weight model folder as bench.py, tokenizer included
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from scripts.bench import model_folder
+    server_args += ["--model", model_folder(args)[0], "--load-format", "dummy"]
   proc = launch(args, server_args, url) if args.launch else None
   try: results, errors, wall = asyncio.run(run(args, url, prompts))
   finally:
