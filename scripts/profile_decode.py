@@ -1,4 +1,4 @@
-"""Per-kernel breakdown of one decode step: python scripts/profile_decode.py --config llama-3.2-1b --batch 1 256 [--device CUDA]
+"""Per-kernel breakdown of one decode (or --prefill) step: python scripts/profile_decode.py --config llama-3.2-1b --batch 1 256 [--device CUDA]
 Runs with JIT=2 (graphs off) so tinygrad times each kernel (DEBUG=2); kernels are grouped by name, with time, GB/s, GFLOP/s and share of the step."""
 import argparse, collections, contextlib, io, os, re, sys
 os.environ["JIT"] = "2"   # before tinygrad is imported: per-kernel timings need the graph off
@@ -9,11 +9,12 @@ from tinyvllm import LLM, SamplingParams  # noqa: E402
 
 LINE = re.compile(r"\*\*\* +\S+ +\d+ +(\S+) +arg +\d+ mem +[\d.]+ GB tm +([\d.]+)(us|ms|s)/.*?\( *([\d.]+) GFLOPS +([\d.]+)\|")
 
-def profile(llm, batch:int, ctx:int) -> list[tuple]:
+def profile(llm, batch:int, ctx:int, prefill:bool) -> list[tuple]:
+  """Kernels of one decode step of `batch` sequences at `ctx` tokens of context, or (prefill) of one step prefilling `batch` x `ctx` tokens."""
   eng = llm.engine
   for i in range(batch): eng.add_request([1 + (i + j) % 500 for j in range(ctx)], SamplingParams(max_tokens=64, ignore_eos=True, temperature=0.6))
-  while any(s.num_computed_tokens < s.num_prompt_tokens for s in eng.scheduler.running + list(eng.scheduler.waiting)): eng.step()
-  eng.step()
+  while not prefill and any(s.num_computed_tokens < s.num_prompt_tokens for s in eng.scheduler.running + list(eng.scheduler.waiting)): eng.step()
+  if not prefill: eng.step()
   out = io.StringIO()
   with contextlib.redirect_stdout(out), Context(DEBUG=2): eng.step()
   for rid in list(eng.requests): eng.abort(rid)
@@ -28,14 +29,15 @@ if __name__ == "__main__":
   p.add_argument("--config"); p.add_argument("--model"); p.add_argument("--device")
   p.add_argument("--batch", type=int, nargs="+", default=[1]); p.add_argument("--ctx", type=int, default=128)
   p.add_argument("--kv-cache-memory", type=float, default=None); p.add_argument("--top", type=int, default=12)
+  p.add_argument("--prefill", action="store_true", help="profile the prefill step of the prompts instead (needs batch x ctx <= 8192)")
   a = p.parse_args()
   path, load_format = model_folder(a)
   llm = LLM(path, device=a.device, load_format=load_format, max_num_seqs=max(a.batch),
-            max_num_batched_tokens=max(2048, max(a.batch)), max_model_len=1024, kv_cache_memory=a.kv_cache_memory)
+            max_num_batched_tokens=max(2048, max(a.batch) * a.ctx if a.prefill else 0), max_model_len=max(1024, a.ctx + 64), kv_cache_memory=a.kv_cache_memory)
   for b in a.batch:
-    rows = profile(llm, b, a.ctx)
+    rows = profile(llm, b, a.ctx, a.prefill)
     total = sum(r[2] for r in rows)
-    print(f"\n## decode step, batch {b}, context {a.ctx}: {total*1e3:.2f} ms in {sum(r[1] for r in rows)} kernels (graphs off)")
+    print(f"\n## {'prefill' if a.prefill else 'decode'} step, batch {b}, context {a.ctx}: {total*1e3:.2f} ms in {sum(r[1] for r in rows)} kernels (graphs off)")
     print("| kernel | launches | ms | share | GB/s | GFLOP/s |\n|---|---|---|---|---|---|")
     for name, n, t, gf, gb in rows[:a.top]: print(f"| `{name}` | {n} | {t*1e3:.3f} | {t/total:.1%} | {gb/t:.0f} | {gf/t:.0f} |")
     rest = rows[a.top:]
