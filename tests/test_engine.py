@@ -62,6 +62,17 @@ def test_abort_returns_every_block(llm):
   for rid in rids: eng.abort(rid)
   assert not eng.has_unfinished() and eng.block_manager.num_free == eng.block_manager.num_blocks
 
+def test_bad_requests_raise_clearly_and_leak_nothing(llm):
+  eng, ok = llm.engine, SamplingParams(temperature=0, max_tokens=4)
+  eng.add_request([1, 2, 3], ok, "dup")
+  for prompt, params, rid, msg in [([], ok, None, "between 1 and"), ([1] * 600, ok, None, "max_model_len"), ([1, 512], ok, None, r"\[0, 512\)"),
+                                   ([1, 2], ok, "dup", "already running")]:
+    with pytest.raises(ValueError, match=msg): eng.add_request(prompt, params, rid)
+  for bad in [dict(temperature=-1), dict(top_p=0), dict(max_tokens=0), dict(n=0), dict(top_k=-2), dict(stop=[""])]:
+    with pytest.raises(ValueError): SamplingParams(**bad)
+  while eng.has_unfinished(): eng.step()
+  assert eng.block_manager.num_free == eng.block_manager.num_blocks
+
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):   # a random fp32 Llama with stories260K's tokenizer, saved by transformers
   path = tmp_path_factory.mktemp("tiny_llama")

@@ -24,7 +24,8 @@ class LLMEngine:
     ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     if not ids or len(ids) >= self.config.max_model_len:
       raise ValueError(f"prompt has {len(ids)} tokens; it must have between 1 and {self.config.max_model_len - 1} (max_model_len)")
-    request_id = request_id or uuid.uuid4().hex
+    if not all(0 <= t < (vocab := self.runner.hf["vocab_size"]) for t in ids): raise ValueError(f"prompt token ids must be in [0, {vocab})")
+    if (request_id := request_id or uuid.uuid4().hex) in self.requests: raise ValueError(f"request id {request_id!r} is already running")
     parent = Sequence(request_id, ids, params)
     self.requests[request_id] = seqs = [parent] + [Sequence(request_id, ids, params, i, parent) for i in range(1, params.n)]
     for seq in seqs: seq.detok = IncrementalDetokenizer(self.tokenizer, ids)
