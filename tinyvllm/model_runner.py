@@ -37,6 +37,8 @@ class ModelRunner:
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph."""
   def __init__(self, config:Config):
     self.config, self.device = config, Device.DEFAULT
+    if config.attention not in ("kernel", "gather"): raise ValueError(f"attention must be 'kernel' or 'gather', got {config.attention!r}")
+    self.use_kernel = config.attention == "kernel"
     model_dir = config.model or BUNDLED_MODEL
     c = self.hf = read_config(model_dir)
     ckpt = c.get("torch_dtype") or c.get("dtype") or "float32"   # GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 ones)
@@ -44,7 +46,6 @@ class ModelRunner:
       dtypes.bfloat16 if ckpt == "bfloat16" else dtypes.float16
     config.max_model_len = min(config.max_model_len or 4096, c.get("max_position_embeddings", 4096))
     self.model = Transformer(c, load_weights(model_dir, c, self.dtype, dummy=config.load_format == "dummy"), config.max_model_len)
-    self.use_kernel = config.attention != "gather"
     L, KV, hd, bs = c["num_hidden_layers"], c["num_key_value_heads"], c["head_dim"], config.block_size
     bytes_per_block = 2 * L * bs * KV * hd * self.dtype.itemsize
     gb = config.kv_cache_memory or self.default_kv_gb(config.max_num_seqs * config.max_model_len // bs * bytes_per_block / 1e9)
