@@ -59,7 +59,7 @@ class LLMEngine:
     reason = "stop" if token in p.stop_token_ids or (token in self.tokenizer.eos_ids and not p.ignore_eos) else None
     for s in p.stop:
       if (i := seq.text.find(s, max(0, old_len - len(s) + 1))) >= 0: seq.text, reason = seq.text[:i], "stop"
-    if reason is None and (len(seq.output_ids) >= p.max_tokens or len(seq) >= self.config.max_model_len): reason = "length"
+    if reason is None and (len(seq) - seq.num_prompt_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len): reason = "length"
     if reason: self.scheduler.finish(seq, reason); seq.finish_time = time.monotonic()
     emit = len(seq.text) if reason else max(seq.num_emitted_chars, len(seq.text) - max((len(s) - 1 for s in p.stop), default=0))
     text, seq.num_emitted_chars = seq.text[seq.num_emitted_chars:emit], emit
@@ -67,12 +67,12 @@ class LLMEngine:
 
   def request_output(self, rid:str, outs:list[CompletionOutput]) -> RequestOutput:
     seqs = self.requests[rid]
-    if not (finished := all(s.is_finished for s in seqs)): return RequestOutput(rid, seqs[0].token_ids[:seqs[0].num_prompt_tokens], outs)
+    if not all(s.is_finished for s in seqs): return RequestOutput(rid, seqs[0].prompt_token_ids, outs)
     del self.requests[rid]
     metrics = {"arrival_time": seqs[0].arrival_time, "first_token_time": min(s.first_token_time for s in seqs),
                "finish_time": max(s.finish_time for s in seqs), "num_prompt_tokens": seqs[0].num_prompt_tokens,
                "num_generation_tokens": sum(len(s.output_ids) for s in seqs)}
-    return RequestOutput(rid, seqs[0].token_ids[:seqs[0].num_prompt_tokens], outs, True, metrics)
+    return RequestOutput(rid, seqs[0].prompt_token_ids, outs, True, metrics)
 
   def stats(self) -> dict:
     bm, sch = self.block_manager, self.scheduler

@@ -42,7 +42,7 @@ class Sequence:
   ids = itertools.count()
   def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, index:int=0, parent:"Sequence|None"=None):
     self.seq_id, self.request_id, self.index, self.parent, self.params = next(Sequence.ids), request_id, index, parent, params
-    self.token_ids, self.num_prompt_tokens, self.num_computed_tokens = list(prompt_ids), len(prompt_ids), 0
+    self.prompt_token_ids, self.token_ids, self.num_computed_tokens = prompt_ids, list(prompt_ids), 0   # the prompt list is shared, not copied
     self.block_table: list[int] = []
     self.status, self.finish_reason = Status.WAITING, None
     # forked siblings get distinct seeds so n>1 with one seed still gives n different samples
@@ -51,6 +51,8 @@ class Sequence:
     self.text, self.num_emitted_chars, self.detok = "", 0, None
     self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)
+  @property
+  def num_prompt_tokens(self): return len(self.prompt_token_ids)
   @property
   def output_ids(self): return self.token_ids[self.num_prompt_tokens:]
   @property
