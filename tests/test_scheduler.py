@@ -1,0 +1,50 @@
+"""Scheduler rules on their own (no model): decodes first, prompts chunked to the token budget, preemption of the newest sequence."""
+from tinyvllm.block_manager import BlockManager
+from tinyvllm.config import Config
+from tinyvllm.scheduler import Scheduler
+from tinyvllm.sequence import Sequence, SamplingParams, Status
+
+def engine_step(sch, batch):   # what the engine does with a batch: compute the tokens, sample one for sequences whose prompt is done
+  for seq, n in batch:
+    seq.num_computed_tokens += n
+    if seq.num_computed_tokens == len(seq): seq.token_ids.append(7)
+
+def test_decodes_first_then_chunked_prompts_within_budget():
+  sch = Scheduler(Config(max_num_batched_tokens=32, max_num_seqs=8, block_size=4), BlockManager(64, 4))
+  short, long = Sequence("a", [1] * 5, SamplingParams()), Sequence("b", list(range(70)), SamplingParams())
+  sch.waiting.extend([short, long])
+  first = sch.schedule()
+  assert [(s.request_id, n) for s, n in first] == [("a", 5), ("b", 27)]            # FCFS admission, the long prompt gets the rest
+  engine_step(sch, first)
+  second = sch.schedule()
+  assert [(s.request_id, n) for s, n in second] == [("a", 1), ("b", 31)]           # the decode goes first, the prompt chunk fills up
+  engine_step(sch, second); engine_step(sch, sch.schedule())
+  assert long.num_computed_tokens == 70 and len(long) == 71                         # 27 + 31 + 12: prompt done, first token sampled
+
+def test_out_of_blocks_preempts_the_newest_and_recomputes_it():
+  bm = BlockManager(6, 4)
+  sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4), bm)
+  old, new = Sequence("old", [1] * 12, SamplingParams()), Sequence("new", [2] * 12, SamplingParams())
+  sch.waiting.extend([old, new])
+  engine_step(sch, sch.schedule())                     # 3 + 3 blocks: the pool is full, both hold 13 tokens
+  batch = sch.schedule()                               # old needs a 4th block: new is preempted, its blocks freed
+  assert [s.request_id for s, _ in batch] == ["old"] and new.status == Status.WAITING and new.num_computed_tokens == 0
+  assert sch.num_preemptions == 1 and list(sch.waiting) == [new] and bm.num_free == 6 - 4
+  sch.finish(old, "stop")
+  batch = sch.schedule()                               # readmitted: recomputes its prompt and the token it had sampled
+  assert [(s.request_id, n) for s, n in batch] == [("new", 13)] and bm.num_free == 6 - 4
+
+def test_forked_siblings_wait_for_the_parent_prompt_then_share_its_blocks():
+  bm = BlockManager(32, 4)
+  sch = Scheduler(Config(max_num_batched_tokens=8, max_num_seqs=8, block_size=4), bm)
+  parent = Sequence("r", list(range(10)), SamplingParams(n=2))
+  child = Sequence("r", list(range(10)), SamplingParams(n=2), 1, parent)
+  sch.waiting.extend([parent, child])
+  assert [s.index for s, _ in sch.schedule()] == [0]   # 8 of 10 prompt tokens: the sibling may not start yet
+  engine_step(sch, [(parent, 8)])
+  batch = sch.schedule()
+  assert [(s.index, n) for s, n in batch] == [(0, 2)]  # the parent's last prompt chunk; the sibling still waits
+  engine_step(sch, batch)
+  batch = sch.schedule()
+  assert [(s.index, n) for s, n in batch] == [(0, 1), (1, 2)] and child.block_table[:2] == parent.block_table[:2]
+  assert bm.ref[parent.block_table[0]] == 2
