@@ -51,12 +51,16 @@ def measure_device(copy_gib:float, mm:int, dtype) -> tuple[float, float]:
   try:
     import torch
     assert Device.DEFAULT == "CUDA" and torch.cuda.is_available()
-    a, x = torch.empty(int(copy_gib * 2**30), dtype=torch.uint8, device="cuda"), torch.randn(mm, mm, dtype=torch.float16, device="cuda")
-    b, ev = torch.empty_like(a), [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-    def t(fn, reps=10):
-      fn(); ev[0].record(); [fn() for _ in range(reps)]; ev[1].record(); torch.cuda.synchronize(); return ev[0].elapsed_time(ev[1]) / 1e3 / reps
-    bw, rate = 2 * a.numel() / min(t(lambda: b.copy_(a)) for _ in range(3)), 2 * mm**3 / min(t(lambda: x @ x) for _ in range(3))
-    del a, b, x; torch.cuda.empty_cache()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    def best(fn, reps=10):   # best of 3 event-timed runs of `reps` calls, after one warm-up call
+      fn(); times = []
+      for _ in range(3):
+        ev[0].record(); [fn() for _ in range(reps)]; ev[1].record(); torch.cuda.synchronize(); times.append(ev[0].elapsed_time(ev[1]) / 1e3 / reps)
+      return min(times)
+    def copy_bw(n:int) -> float: a = torch.empty(n, dtype=torch.uint8, device="cuda"); b = torch.empty_like(a); return 2 * n / best(lambda: b.copy_(a))
+    def mm_rate(n:int) -> float: x = torch.randn(n, n, dtype=torch.float16, device="cuda"); return 2 * n**3 / best(lambda: x @ x)
+    bw, rate = copy_bw(int(copy_gib * 2**30)), mm_rate(mm)
+    torch.cuda.empty_cache()   # the buffers died with the helpers: hand the memory back before the KV pool sizes itself
     return bw, rate
   except (ImportError, AssertionError): pass
   a = Tensor.zeros(int(copy_gib * 2**30) // 4, dtype=dtypes.float32).contiguous().realize()

@@ -26,7 +26,7 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and one thread per
   # (token n, head h, chunk c) walks its chunk once with an online softmax; q.k is computed once per (n, h, t) and the D-wide output
   # accumulator is an UPCAST register array. The partial (m, l, acc) of the chunks are merged afterwards with plain tinygrad ops.
-  (N, H, C, D2), (NS, KVH, D), (S, MAXB) = OUT.shape, KP.shape, BT.shape   # OUT[..., :D] = acc, OUT[..., D] = m, OUT[..., D+1] = l
+  (N, H, C, _), (NS, KVH, D), (S, MAXB) = OUT.shape, KP.shape, BT.shape   # OUT[..., :D] = acc, OUT[..., D] = m, OUT[..., D+1] = l
   G, f32 = H // KVH, dtypes.float
   # GPU: a workgroup per (token, chunk), a thread per head (GQA heads share K/V rows in cache). CPU: one GLOBAL axis, no LOCAL axes.
   n, c = UOp.range(N, 0, AxisType.GLOBAL), UOp.range(C, 1, AxisType.GLOBAL if has_local else AxisType.LOOP)
@@ -35,9 +35,9 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   # clamping the loaded ints proves every index in bounds, which keeps garbage inputs from reading out of the pool and lets tinygrad
   # drop its index wrapping (% on every load); the loop runs ceil(ctx_len / C) times, a data-dependent trip count
   seq, ctx = TS[n].maximum(0).minimum(S-1).cast(dtypes.weakint), L[n].maximum(1).minimum(MAXB*block_size).cast(dtypes.weakint)
-  t = UOp.range((ctx + (C - 1)) // C, 3, AxisType.REDUCE)
-  valid = c * ((ctx + (C - 1)) // C) + t < ctx
-  pos = (c * ((ctx + (C - 1)) // C) + t).minimum(ctx - 1)
+  t = UOp.range(chunk := (ctx + (C - 1)) // C, 3, AxisType.REDUCE)
+  valid = c * chunk + t < ctx
+  pos = (c * chunk + t).minimum(ctx - 1)
   slot = BT[seq, pos // block_size].maximum(0).minimum(NS//block_size - 1).cast(dtypes.weakint) * block_size + pos % block_size  # page table
   score = (Q[n, h, k].cast(f32) * KP[slot, h // G, k].cast(f32)).reduce(k, arg=Ops.ADD) * (1 / math.sqrt(D))
   # online-softmax state in registers: running max m, running denominator l, unnormalized output acc[D]; (re)initialized per (n, c, h)
