@@ -1,7 +1,7 @@
-import asyncio, random, threading, time, traceback, uuid
+import asyncio, queue, random, threading, time, traceback, uuid
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config, BUNDLED_MODEL, select_device
-from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
+from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, RequestOutput
 from tinyvllm.tokenizer import Tokenizer, IncrementalDetokenizer
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
@@ -102,36 +102,41 @@ class LLM:
     return [results[rid] for rid in rids]
 
 class AsyncLLM:
-  """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop."""
+  """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop.
+  New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
-    self.engine, self.lock, self.work = LLMEngine(config), threading.Lock(), threading.Event()
+    self.engine, self.work, self.inbox = LLMEngine(config), threading.Event(), queue.SimpleQueue()
     self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
     threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
   def loop(self):
     while self.work.wait():
-      with self.lock:
-        try: outs = self.engine.step()
-        except Exception as e:   # a failing step fails the requests in it, never the engine: their blocks go back, the loop goes on
-          traceback.print_exc(); outs = [(rid, e) for rid in list(self.engine.requests)]
-          for rid, _ in outs: self.engine.abort(rid)
-        if not self.engine.has_unfinished(): self.work.clear()
+      outs: list = []
+      while not self.inbox.empty():
+        rid, prompt, params = self.inbox.get()
+        try: self.engine.add_request(prompt, params, rid) if params else self.engine.abort(rid)
+        except Exception as e: outs.append((rid, e))   # a request the engine refuses fails alone
+      try: outs += self.engine.step()
+      except Exception as e:   # a failing step fails the requests in it, never the engine: their blocks go back, the loop goes on
+        traceback.print_exc(); outs += [(rid, e) for rid in list(self.engine.requests)]
+        for rid in list(self.engine.requests): self.engine.abort(rid)
+      self.work.clear()   # clear, then look again: a request that arrived meanwhile set the event after our last check
+      if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()
       for out in outs:
         rid = out[0] if isinstance(out, tuple) else out.request_id
         if (q := self.queues.get(rid)): q[0].call_soon_threadsafe(q[1].put_nowait, out)
 
   async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str):
-    self.queues[request_id] = (asyncio.get_running_loop(), q := asyncio.Queue())
+    self.queues[request_id], finished = (asyncio.get_running_loop(), q := asyncio.Queue()), False
+    self.inbox.put((request_id, prompt_token_ids, params)); self.work.set()
     try:
-      with self.lock: self.engine.add_request(prompt_token_ids, params, request_id)
-      self.work.set()
-      while True:
-        if isinstance(out := await q.get(), tuple): raise RuntimeError(f"engine step failed: {out[1]!r}")
+      while not finished:
+        if isinstance(out := await q.get(), tuple): raise out[1]
+        finished = out.finished
         yield out
-        if out.finished: break
-    finally:   # the consumer went away (client disconnect) or we are done: either way the request's blocks go back now
+    finally:   # the consumer went away (client disconnect) before the end: the request's blocks go back now
       self.queues.pop(request_id, None)
-      self.abort(request_id)
+      if not finished: self.abort(request_id)
 
   def abort(self, request_id:str):
-    with self.lock: self.engine.abort(request_id)
+    self.inbox.put((request_id, None, None)); self.work.set()
