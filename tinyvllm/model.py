@@ -1,4 +1,4 @@
-import json, math, os
+import itertools, json, math, os
 from tinygrad import Tensor, dtypes
 from tinygrad.nn.state import safe_load
 from tinygrad.helpers import tqdm
@@ -56,10 +56,18 @@ def rope_tables(c:dict, max_len:int) -> tuple[Tensor, Tensor]:
   ang = Tensor.arange(max_len).float().reshape(-1, 1) * Tensor(inv).reshape(1, -1)
   return ang.cos().contiguous().realize(), ang.sin().contiguous().realize()
 
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
 class Transformer:
   """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias) and Qwen3 (q/k norm). Attention is passed in, so the model knows nothing of paging."""
   def __init__(self, c:dict, weights:dict[str, Tensor], max_len:int):
     self.c, self.w, (self.cos, self.sin) = c, weights, rope_tables(c, max_len)
+    # vLLM's QKVParallelLinear / MergedColumnParallelLinear: projections of the same input become one matmul. Fewer launches, and a single
+    # reduce is what tinygrad's tensor-core path matches (gate and up fused by the scheduler into one two-reduce kernel never used them)
+    for i, (fused, parts) in itertools.product(range(c["num_hidden_layers"]), FUSED.items()):
+      for kind in ("weight", "bias"):
+        if f"model.layers.{i}.{parts[0]}.{kind}" in weights:
+          weights[f"model.layers.{i}.{fused}.{kind}"] = Tensor.cat(*[weights.pop(f"model.layers.{i}.{n}.{kind}") for n in parts]).realize()
     self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])   # tied embeddings share the matrix
 
   def norm(self, x:Tensor, name:str) -> Tensor:
@@ -75,15 +83,16 @@ class Transformer:
 
   def __call__(self, tokens:Tensor, positions:Tensor, attention) -> Tensor:
     """tokens, positions: (N,) flattened over the step's sequences; attention(layer, q, k, v) -> (N, H, hd). Returns final hidden (N, D)."""
-    c, N, hd = self.c, tokens.shape[0], self.c["head_dim"]
+    c, N, hd, H, KV = self.c, tokens.shape[0], self.c["head_dim"], self.c["num_attention_heads"], self.c["num_key_value_heads"]
     cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
     x = self.w["model.embed_tokens.weight"][tokens]
     for i in range(c["num_hidden_layers"]):
       p = f"model.layers.{i}."
       h = self.norm(x, p+"input_layernorm.weight")
-      q, k, v = [self.linear(h, p+f"self_attn.{n}_proj").reshape(N, -1, hd) for n in "qkv"]
+      q, k, v = [t.reshape(N, -1, hd) for t in self.linear(h, p+"self_attn.qkv_proj").split([H*hd, KV*hd, KV*hd], dim=-1)]
       if c["qk_norm"]: q, k = self.norm(q, p+"self_attn.q_norm.weight"), self.norm(k, p+"self_attn.k_norm.weight")
       x = x + self.linear(attention(i, self.rope(q, cos, sin), self.rope(k, cos, sin), v).reshape(N, -1), p+"self_attn.o_proj")
       h = self.norm(x, p+"post_attention_layernorm.weight")
-      x = x + self.linear(self.linear(h, p+"mlp.gate_proj").silu() * self.linear(h, p+"mlp.up_proj"), p+"mlp.down_proj")
+      gate, up = self.linear(h, p+"mlp.gate_up_proj").chunk(2, -1)
+      x = x + self.linear(gate.silu() * up, p+"mlp.down_proj")
     return self.norm(x, "model.norm.weight")
