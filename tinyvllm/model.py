@@ -94,5 +94,6 @@ class Transformer:
       x = x + self.linear(attention(i, self.rope(q, cos, sin), self.rope(k, cos, sin), v).reshape(N, -1), p+"self_attn.o_proj")
       h = self.norm(x, p+"post_attention_layernorm.weight")
       gate, up = self.linear(h, p+"mlp.gate_up_proj").chunk(2, -1)
-      x = x + self.linear(gate.silu() * up, p+"mlp.down_proj")
+      # contiguous: fused into the down matmul's loads, silu(gate)*up was recomputed for every output tile (measured 2x slower on an H200)
+      x = x + self.linear((gate.silu() * up).contiguous(), p+"mlp.down_proj")
     return self.norm(x, "model.norm.weight")
