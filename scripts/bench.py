@@ -135,7 +135,7 @@ def main():
   p.add_argument("--latency", action="store_true", help="batch-1 decode and TTFT against rooflines instead of throughput")
   p.add_argument("--sequential", action="store_true", help="throughput with one request at a time")
   for flag, default in [("--num-requests", 256), ("--min-input", 100), ("--max-input", 1024), ("--min-output", 100), ("--max-output", 1024),
-                        ("--seed", 0), ("--max-num-seqs", 256), ("--max-num-batched-tokens", 8192), ("--block-size", None),
+                        ("--seed", 0), ("--max-num-seqs", 256), ("--max-num-batched-tokens", 2048), ("--block-size", None),
                         ("--max-model-len", None)]: p.add_argument(flag, type=int, default=default)
   p.add_argument("--temperature", type=float, default=0.6)
   p.add_argument("--kv-cache-memory", type=float, help="GB for the KV pool")

@@ -6,6 +6,7 @@ from tinygrad.helpers import Target
 from tinygrad.renderer import Renderer
 from tinygrad.renderer.cstyle import CUDARenderer, MetalRenderer, HIPRenderer
 from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render
+from tinyvllm import attention
 from tinyvllm.attention import kv_write, paged_attention, _kv_write_kernel, _paged_attention_kernel
 
 BS, NB, S, MAXB, N, KVH = 4, 16, 4, 3, 16, 2   # block size, pool blocks, sequences, blocks/seq (T=12), query rows per step, kv heads
@@ -14,17 +15,18 @@ NP = {dtypes.float32: np.float32, dtypes.float16: np.float16}
 
 def make_step(rng:np.random.Generator):
   """A mixed step: random block tables (a permutation of the pool's blocks), per-sequence lengths including 1 and exact block
-  boundaries, each sequence either one decode row or a prefill chunk (consecutive rows with increasing ctx_lens), padding rows last."""
+  boundaries, each sequence either one decode row or a prefill chunk (consecutive rows with increasing positions), padding rows last.
+  Returns block tables, token_seq, ctx_lens (positions + 1), cached_lens (positions from earlier steps) and the number of real rows."""
   bt = rng.permutation(NB)[:S*MAXB].reshape(S, MAXB).astype(np.int32)
   lens = rng.permutation([1, BS, MAXB*BS, int(rng.integers(2, MAXB*BS))])
-  ts, cl = [], []
+  ts, cl, cached = [], [], []
   for s, L in enumerate(lens):
     # prefill chunk of c tokens ending at position L-1 (always for the full-table sequence), else one decode token
     c = min(L, int(rng.integers(2, 5))) if L == MAXB*BS or rng.random() < 0.5 else 1
-    ts += [s] * c; cl += list(range(L - c + 1, L + 1))
+    ts += [s] * c; cl += list(range(L - c + 1, L + 1)); cached += [L - c] * c
   n_real = len(ts)
-  ts, cl = ts + [0] * (N - n_real), cl + [1] * (N - n_real)             # padding rows attend to one position
-  return bt, np.array(ts, np.int32), np.array(cl, np.int32), n_real
+  pad = N - n_real   # padding rows sit at position 0 of sequence 0
+  return bt, np.array(ts + [0] * pad, np.int32), np.array(cl + [1] * pad, np.int32), np.array(cached + [0] * pad, np.int32), n_real
 
 def ref_attention(q, kp, vp, bt, ts, cl):
   """Naive contiguous attention in float64: gather the sequence's first ctx_len positions, then plain softmax."""
@@ -37,43 +39,48 @@ def ref_attention(q, kp, vp, bt, ts, cl):
       out[n, h] = (p / p.sum()) @ vp[sl, h // G]
   return out
 
-@pytest.mark.parametrize("use_kernel", [False, True], ids=["gather", "kernel"])
+MODES = {"gather": (False, 0), "kernel": (True, 0), "kernel+dense": (True, 4096)}   # (use_kernel, DENSE_MAX)
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("G,D,dt", [(1, 8, dtypes.float32), (2, 64, dtypes.float16), (4, 128, dtypes.float32), (4, 8, dtypes.float16),
                                     (2, 128, dtypes.float16)])
-def test_paged_attention(use_kernel, G, D, dt):
-  rng = np.random.default_rng(D + G)
+def test_paged_attention(mode, G, D, dt, monkeypatch):
+  (use_kernel, dense_max), rng = MODES[mode], np.random.default_rng(D + G)
+  monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
   kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
-  step = TinyJit(lambda q, k, v, bt, ts, cl: paged_attention(q, k, v, bt, ts, cl, BS, use_kernel).realize())
+  step = TinyJit(lambda q, k, v, bt, ts, pos, cached: paged_attention(q, k, v, kpool, vpool, bt, ts, pos, cached, BS, use_kernel).realize())
   for _ in range(4):   # eager, capture, 2 replays; new tables / lengths / row mix every call
-    bt, ts, cl, _ = make_step(rng)
+    bt, ts, cl, cached, n_real = make_step(rng)
+    slots = bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS   # the step's own K/V are already in the pool
     q = rng.standard_normal((N, KVH*G, D)).astype(NP[dt])
-    out = step(Tensor(q), kpool, vpool, Tensor(bt), Tensor(ts), Tensor(cl))
+    out = step(Tensor(q), Tensor(kp[slots]), Tensor(vp[slots]), Tensor(bt), Tensor(ts), Tensor(cl - 1), Tensor(cached))
     assert out.dtype == dt and out.shape == q.shape
-    np.testing.assert_allclose(out.numpy(), ref_attention(q, kp, vp, bt, ts, cl), atol=TOL[dt], rtol=0)
+    np.testing.assert_allclose(out.numpy()[:n_real], ref_attention(q, kp, vp, bt, ts, cl)[:n_real], atol=TOL[dt], rtol=0)
   assert step.cnt == 4
 
-@pytest.mark.parametrize("use_kernel,dt", [(False, dtypes.float32), (True, dtypes.float16)], ids=["gather", "kernel"])
-def test_kv_write_then_attention(use_kernel, dt):
+@pytest.mark.parametrize("mode,dt", [("gather", dtypes.float32), ("kernel", dtypes.float16), ("kernel+dense", dtypes.float16)])
+def test_kv_write_then_attention(mode, dt, monkeypatch):
   # the runner's pattern: pools are long-lived buffers, each step writes new K/V at its slots, then attends through the returned pools
-  D, rng = 8, np.random.default_rng(0)
+  (use_kernel, dense_max), D, rng = MODES[mode], 8, np.random.default_rng(0)
+  monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
   kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
   @TinyJit
-  def step(slots, k, v, q, bt, ts, cl):
+  def step(slots, k, v, q, bt, ts, pos, cached):
     kp2, vp2 = kv_write(kpool, vpool, slots, k, v)
-    return paged_attention(q, kp2, vp2, bt, ts, cl, BS, use_kernel).realize()
+    return paged_attention(q, k, v, kp2, vp2, bt, ts, pos, cached, BS, use_kernel).realize()
   for _ in range(4):
-    bt, ts, cl, n_real = make_step(rng)
+    bt, ts, cl, cached, n_real = make_step(rng)
     # each real row writes its own position (token ts[n] at ctx_len-1); padding rows (-1) carry junk that must not land anywhere
     real = np.arange(N) < n_real
     slots = np.where(real, bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS, -1).astype(np.int32)
-    k, v = (rng.standard_normal((N, KVH, D)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((N, KVH, D)).astype(NP[dt]) for _ in range(2))
     q = rng.standard_normal((N, KVH*2, D)).astype(NP[dt])
-    out = step(Tensor(slots), Tensor(k), Tensor(v), Tensor(q), Tensor(bt), Tensor(ts), Tensor(cl)).numpy()
+    out = step(Tensor(slots), Tensor(k), Tensor(v), Tensor(q), Tensor(bt), Tensor(ts), Tensor(cl - 1), Tensor(cached)).numpy()
     kp[slots[real]], vp[slots[real]] = k[real], v[real]   # untouched slots keep their old values
     np.testing.assert_array_equal(kpool.numpy(), kp); np.testing.assert_array_equal(vpool.numpy(), vp)
-    np.testing.assert_allclose(out, ref_attention(q, kp, vp, bt, ts, cl), atol=TOL[dt], rtol=0)
+    np.testing.assert_allclose(out[:n_real], ref_attention(q, kp, vp, bt, ts, cl)[:n_real], atol=TOL[dt], rtol=0)
 
 def test_kv_write_padding_only_and_out_of_pool():
   kpool, vpool = Tensor.zeros(8, 1, 4).contiguous().realize(), Tensor.zeros(8, 1, 4).contiguous().realize()

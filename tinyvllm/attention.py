@@ -1,13 +1,15 @@
 """Paged KV cache (vLLM's PagedAttention): the slot-major KV pool write and attention over block tables.
 
 The pool is (num_slots, KVH, D) with slot = block*block_size + offset, the layout of vLLM's `reshape_and_cache`. One attention call serves a
-whole mixed step: every query token (decode or prefill chunk) carries the block-table row of its sequence and how many cached positions it
-may see, so causal masking inside a prefill chunk falls out of ctx_lens (as in vLLM's flattened varlen batches)."""
+whole mixed step: every query token (decode or prefill chunk) carries the block-table row of its sequence and its position, so causal
+masking inside a prefill chunk falls out of the positions (as in vLLM's flattened varlen batches)."""
 import math, functools
 from tinygrad import Tensor, UOp, dtypes, Device
 from tinygrad.uop.ops import KernelInfo, AxisType, Ops
 from tinygrad.dtype import AddrSpace
 from tinygrad.renderer import Estimates
+
+DENSE_MAX = 2048   # most step tokens whose in-step attention is a dense (N, N) matmul
 
 def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, K:UOp, V:UOp) -> UOp:
   # vLLM's reshape_and_cache: pool[slots[n]] = kv[n] for both pools in one launch; O(N) work, slot -1 (padding row) is skipped
@@ -34,10 +36,10 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   k, d, d2 = UOp.range(D, 4, AxisType.UNROLL), UOp.range(D, 5, AxisType.UPCAST), UOp.range(D, 6, AxisType.UPCAST)
   # clamping the loaded ints proves every index in bounds, which keeps garbage inputs from reading out of the pool and lets tinygrad
   # drop its index wrapping (% on every load); the loop runs ceil(ctx_len / C) times, a data-dependent trip count
-  seq, ctx = TS[n].maximum(0).minimum(S-1).cast(dtypes.weakint), L[n].maximum(1).minimum(MAXB*block_size).cast(dtypes.weakint)
+  seq, ctx = TS[n].maximum(0).minimum(S-1).cast(dtypes.weakint), L[n].maximum(0).minimum(MAXB*block_size).cast(dtypes.weakint)
   t = UOp.range(chunk := (ctx + (C - 1)) // C, 3, AxisType.REDUCE)
   valid = c * chunk + t < ctx
-  pos = (c * chunk + t).minimum(ctx - 1)
+  pos = (c * chunk + t).minimum(ctx - 1).maximum(0)   # L = 0 (nothing cached) runs no iterations
   slot = BT[seq, pos // block_size].maximum(0).minimum(NS//block_size - 1).cast(dtypes.weakint) * block_size + pos % block_size  # page table
   score = (Q[n, h, k].cast(f32) * KP[slot, h // G, k].cast(f32)).reduce(k, arg=Ops.ADD) * (1 / math.sqrt(D))
   # online-softmax state in registers: running max m, running denominator l, unnormalized output acc[D]; (re)initialized per (n, c, h)
@@ -54,26 +56,49 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   # (empty) estimates are kept, as the data-dependent trip count can't be counted statically (the stats code would crash on it)
   return out.end(h, c, n).sink(arg=KernelInfo(name="paged_attention", opts_to_apply=(), estimates=Estimates()), tag=1)
 
-def paged_attention(q:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor, token_seq:Tensor, ctx_lens:Tensor, block_size:int,
-                    use_kernel:bool) -> Tensor:
-  """q (N, H, D) -> (N, H, D): token n attends to positions 0..ctx_lens[n]-1 of sequence token_seq[n], found through block_tables (S, MAXB)."""
-  (N, H, D), KVH = q.shape, k_pool.shape[1]
+def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[Tensor, Tensor, Tensor]:
+  """Softmax partials (m, l, acc) of each token over the step's own tokens of its sequence up to itself (causal), through batched matmuls that
+  tinygrad runs on tensor cores. A prefill chunk is dense causal attention; the block-diagonal mask separates the step's sequences."""
+  (N, H, D), KVH = q.shape, k.shape[1]
+  s = q.reshape(N, KVH, H // KVH, D).permute(1, 2, 0, 3).matmul(k.permute(1, 2, 0).unsqueeze(1), dtype=dtypes.float) / math.sqrt(D)
+  idx = Tensor.arange(N).to(q.device)
+  s = ((token_seq.unsqueeze(1) == token_seq.unsqueeze(0)) & (idx.unsqueeze(0) <= idx.unsqueeze(1))).where(s, -math.inf)  # (KVH, G, N, N)
+  m = s.max(-1, keepdim=True)
+  p = (s - m).exp()
+  acc = p.cast(q.dtype).matmul(v.permute(1, 0, 2).unsqueeze(1), dtype=dtypes.float)   # probabilities in 16 bits, as flash-attention does
+  to_nh = lambda t: t.permute(2, 0, 1, 3).reshape(N, H, t.shape[3])
+  return to_nh(m)[..., 0], to_nh(p.sum(-1, keepdim=True))[..., 0], to_nh(acc)
+
+def paged_attention(q:Tensor, k:Tensor, v:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor, token_seq:Tensor, positions:Tensor,
+                    cached_lens:Tensor, block_size:int, use_kernel:bool) -> Tensor:
+  """q (N, H, D) -> (N, H, D): token n (at positions[n] of sequence token_seq[n], whose block_tables (S, MAXB) row maps positions to pool
+  slots) attends to positions 0..positions[n]. The pools already hold this step's k, v (N, KVH, D); cached_lens[n] = how many of the
+  sequence's positions came from earlier steps (the step's own tokens of a sequence are consecutive rows, as vLLM flattens varlen batches)."""
+  (N, H, D), KVH, ctx_lens = q.shape, k_pool.shape[1], positions + 1
   assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
   if use_kernel:
+    # vLLM's split of prefill and decode attention: up to DENSE_MAX step tokens, the kernel reads only the cached prefix and the step's own
+    # tokens meet through tensor-core matmuls (the (N, N) scores grow quadratically, so larger steps read everything through the kernel)
+    dense = N <= DENSE_MAX
     # enough chunks to fill the GPU at small batches, few enough that the partial results stay small for prefill-sized steps
-    C, f32 = max(1, min(64, 4096 // N, -(-block_tables.shape[1] * block_size // 8))), dtypes.float
+    C, f32 = max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8))), dtypes.float
     fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[q.device].renderer.has_local)
     # with a one-row table token_seq is provably 0 and tinygrad drops it from the kernel's parameters, but tinygrad 0.14's CUDA graph still
     # passes every buffer, and building the graph fails ("invalid argument"): a second row keeps the signature whole
     if block_tables.shape[0] == 1: block_tables = block_tables.pad(((0, 1), None))
     # one output buffer holds each chunk's partial result: [acc (D), m, l]
-    part = Tensor.empty(N, H, C, D + 2, dtype=f32, device=q.device).custom_kernel(q, k_pool, v_pool, block_tables, token_seq, ctx_lens, fxn=fxn)[0]
-    w = (part[..., D] - part[..., D].max(-1, keepdim=True)).exp()   # each chunk's weight; an empty chunk (m = -inf) weighs 0
-    return ((part[..., :D] * w.unsqueeze(-1)).sum(2) / (part[..., D+1] * w).sum(-1).unsqueeze(-1)).cast(q.dtype)
+    part = Tensor.empty(N, H, C, D + 2, dtype=f32, device=q.device).custom_kernel(q, k_pool, v_pool, block_tables, token_seq,
+                                                                                  cached_lens if dense else ctx_lens, fxn=fxn)[0]
+    m, l, acc = part[..., D], part[..., D+1], part[..., :D]
+    if dense:
+      dm, dl, dacc = in_step_attention(q, k, v, token_seq)
+      m, l, acc = m.cat(dm.unsqueeze(-1), dim=-1), l.cat(dl.unsqueeze(-1), dim=-1), acc.cat(dacc.unsqueeze(2), dim=2)
+    w = (m - m.max(-1, keepdim=True)).exp()   # each partial's weight; an empty chunk (m = -inf) weighs 0
+    return ((acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(-1).unsqueeze(-1)).cast(q.dtype)
   # portable reference: gather each token's slot ids from its block-table row, mask positions >= ctx_len, plain SDPA in float32
   T = block_tables.shape[1] * block_size
   slots = (block_tables[token_seq] * block_size).reshape(N, -1, 1) + Tensor.arange(block_size).to(q.device).reshape(1, 1, block_size)
-  k, v = (pool[slots.reshape(N, T)].float().transpose(1, 2) for pool in (k_pool, v_pool))   # (N, KVH, T, D)
+  kg, vg = (pool[slots.reshape(N, T)].float().transpose(1, 2) for pool in (k_pool, v_pool))   # (N, KVH, T, D)
   mask = (Tensor.arange(T).to(q.device).reshape(1, T) < ctx_lens.reshape(N, 1)).reshape(N, 1, 1, T)
-  out = q.float().reshape(N, H, 1, D).scaled_dot_product_attention(k, v, attn_mask=mask, enable_gqa=True)
+  out = q.float().reshape(N, H, 1, D).scaled_dot_product_attention(kg, vg, attn_mask=mask, enable_gqa=True)
   return out.reshape(N, H, D).cast(q.dtype)

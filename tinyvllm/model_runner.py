@@ -67,12 +67,12 @@ class ModelRunner:
   def forward(self, ints:Tensor, floats:Tensor, N:int, R:int, filtered:bool) -> Tensor:
     """ints packs the step's int inputs into one host->device copy: 5 rows of N per-token values, the block tables, 4 rows of R per-sample values."""
     MB = self.max_blocks   # a step holds at most R = min(N, max_num_seqs) sequences: that many block-table rows and sampled rows
-    tokens, positions, slots, token_seq, ctx_lens = [ints[i*N:(i+1)*N] for i in range(5)]
+    tokens, positions, slots, token_seq, cached_lens = [ints[i*N:(i+1)*N] for i in range(5)]
     block_tables = ints[5*N:5*N + R*MB].reshape(R, MB)
     logits_idx, seeds, steps, top_k = [ints[5*N + R*MB + i*R:5*N + R*MB + (i+1)*R] for i in range(4)]
     def attention(i:int, q:Tensor, k:Tensor, v:Tensor) -> Tensor:
       k_pool, v_pool = kv_write(*self.kv[i], slots, k, v)
-      return paged_attention(q, k_pool, v_pool, block_tables, token_seq, ctx_lens, self.config.block_size, self.use_kernel)
+      return paged_attention(q, k, v, k_pool, v_pool, block_tables, token_seq, positions, cached_lens, self.config.block_size, self.use_kernel)
     h = self.model(tokens, positions, attention)[logits_idx]   # only the rows that sample need the LM head
     logits = (h @ self.model.lm_head.T).float()
     return sample(logits, floats[:R], seeds, steps, top_k, floats[R:], filtered).contiguous()
@@ -82,13 +82,13 @@ class ModelRunner:
     bs, S, MB, V = self.config.block_size, self.config.max_num_seqs, self.max_blocks, self.hf["vocab_size"]
     N = N or next(b for b in self.buckets if b >= sum(n for _, n in batch))
     R = min(N, S)
-    tok = np.zeros((5, N), np.int32); tok[2], tok[4] = -1, 1    # padding rows write nowhere and attend to one position
+    tok = np.zeros((5, N), np.int32); tok[2] = -1    # padding rows write nowhere and attend to position 0
     bt, per_row, fl = np.zeros((R, MB), np.int32), np.zeros((4, R), np.int32), np.zeros((2, R), np.float32)
     off = r = 0
     for s, (seq, n) in enumerate(batch):
       pos = np.arange(seq.num_computed_tokens, seq.num_computed_tokens + n)
       bt[s, :len(seq.block_table)] = table = np.array(seq.block_table, np.int32)
-      tok[:, off:off+n] = np.stack([seq.token_ids[pos[0]:pos[-1]+1], pos, table[pos // bs] * bs + pos % bs, np.full(n, s), pos + 1])
+      tok[:, off:off+n] = np.stack([seq.token_ids[pos[0]:pos[-1]+1], pos, table[pos // bs] * bs + pos % bs, np.full(n, s), np.full(n, pos[0])])
       if pos[-1] + 1 == len(seq):
         p = seq.params
         per_row[:, r], fl[:, r] = [off + n - 1, seq.seed, len(seq), min(p.top_k, V) if p.top_k > 0 else V], [p.temperature, p.top_p]
