@@ -39,14 +39,14 @@ def ref_attention(q, kp, vp, bt, ts, cl):
       out[n, h] = (p / p.sum()) @ vp[sl, h // G]
   return out
 
-MODES = {"gather": (False, 0), "kernel": (True, 0), "kernel+dense": (True, 4096)}   # (use_kernel, DENSE_MAX)
+MODES = {"gather": (False, 0), "kernel": (True, 0), "kernel+dense": (True, 4096)}   # (use_kernel, DENSE_MAX); DENSE_MIN is set to 0
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("G,D,dt", [(1, 8, dtypes.float32), (2, 64, dtypes.float16), (4, 128, dtypes.float32), (4, 8, dtypes.float16),
                                     (2, 128, dtypes.float16)])
 def test_paged_attention(mode, G, D, dt, monkeypatch):
   (use_kernel, dense_max), rng = MODES[mode], np.random.default_rng(D + G)
-  monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
+  monkeypatch.setattr(attention, "DENSE_MIN", 0); monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
   kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
   step = TinyJit(lambda q, k, v, bt, ts, pos, cached: paged_attention(q, k, v, kpool, vpool, bt, ts, pos, cached, BS, use_kernel).realize())
@@ -63,7 +63,7 @@ def test_paged_attention(mode, G, D, dt, monkeypatch):
 def test_kv_write_then_attention(mode, dt, monkeypatch):
   # the runner's pattern: pools are long-lived buffers, each step writes new K/V at its slots, then attends through the returned pools
   (use_kernel, dense_max), D, rng = MODES[mode], 8, np.random.default_rng(0)
-  monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
+  monkeypatch.setattr(attention, "DENSE_MIN", 0); monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
   kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
   @TinyJit

@@ -9,7 +9,7 @@ from tinygrad.uop.ops import KernelInfo, AxisType, Ops
 from tinygrad.dtype import AddrSpace
 from tinygrad.renderer import Estimates
 
-DENSE_MAX = 2048   # most step tokens whose in-step attention is a dense (N, N) matmul
+DENSE_MIN, DENSE_MAX = 512, 2048   # step sizes whose in-step attention is a dense (N, N) matmul (measured on an H200, see BENCHMARKS.md)
 
 def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, K:UOp, V:UOp) -> UOp:
   # vLLM's reshape_and_cache: pool[slots[n]] = kv[n] for both pools in one launch; O(N) work, slot -1 (padding row) is skipped
@@ -77,9 +77,10 @@ def paged_attention(q:Tensor, k:Tensor, v:Tensor, k_pool:Tensor, v_pool:Tensor, 
   (N, H, D), KVH, ctx_lens = q.shape, k_pool.shape[1], positions + 1
   assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
   if use_kernel:
-    # vLLM's split of prefill and decode attention: up to DENSE_MAX step tokens, the kernel reads only the cached prefix and the step's own
-    # tokens meet through tensor-core matmuls (the (N, N) scores grow quadratically, so larger steps read everything through the kernel)
-    dense = N <= DENSE_MAX
+    # vLLM's split of prefill and decode attention: in prefill-sized steps the kernel reads only the cached prefix and the step's own tokens
+    # meet through tensor-core matmuls. Smaller steps are mostly decodes (one in-step token each: the kernel alone is cheaper), and the
+    # (N, N) scores of larger ones grow quadratically, so those read everything through the kernel.
+    dense = DENSE_MIN <= N <= DENSE_MAX
     # enough chunks to fill the GPU at small batches, few enough that the partial results stay small for prefill-sized steps
     C, f32 = max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8))), dtypes.float
     fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[q.device].renderer.has_local)
