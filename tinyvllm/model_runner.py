@@ -1,4 +1,4 @@
-import functools, math, numpy as np
+import functools, itertools, math, numpy as np
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinyvllm.config import Config, BUNDLED_MODEL
 from tinyvllm.model import read_config, load_weights, Transformer
@@ -64,40 +64,44 @@ class ModelRunner:
     cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
     return 0.9 * free.value / 1e9
 
-  def forward(self, ints:Tensor, floats:Tensor, N:int, R:int, filtered:bool) -> Tensor:
-    """ints packs the step's int inputs into one host->device copy: 5 rows of N per-token values, the block tables, 4 rows of R per-sample values."""
+  def forward(self, ints:Tensor, N:int, R:int, filtered:bool) -> Tensor:
+    """ints packs all the step's inputs into one host->device copy: 5 rows of N per-token values, the block tables, 4 rows of R per-sample
+    ints and 2 rows of R per-sample floats (their bits: temperature, top_p)."""
     MB = self.max_blocks   # a step holds at most R = min(N, max_num_seqs) sequences: that many block-table rows and sampled rows
     tokens, positions, slots, token_seq, cached_lens = [ints[i*N:(i+1)*N] for i in range(5)]
     block_tables = ints[5*N:5*N + R*MB].reshape(R, MB)
-    logits_idx, seeds, steps, top_k = [ints[5*N + R*MB + i*R:5*N + R*MB + (i+1)*R] for i in range(4)]
+    logits_idx, seeds, steps, top_k, temps, top_p = [ints[5*N + R*MB + i*R:5*N + R*MB + (i+1)*R] for i in range(6)]
     def attention(i:int, q:Tensor, k:Tensor, v:Tensor) -> Tensor:
       k_pool, v_pool = kv_write(*self.kv[i], slots, k, v)
       return paged_attention(q, k, v, k_pool, v_pool, block_tables, token_seq, positions, cached_lens, self.config.block_size, self.use_kernel)
     h = self.model(tokens, positions, attention)[logits_idx]   # only the rows that sample need the LM head
     logits = (h @ self.model.lm_head.T).float()
-    return sample(logits, floats[:R], seeds, steps, top_k, floats[R:], filtered).contiguous()
+    return sample(logits, temps.bitcast(dtypes.float32), seeds, steps, top_k, top_p.bitcast(dtypes.float32), filtered).contiguous()
 
   def run(self, batch:list[tuple[Sequence, int]], N:int|None=None) -> list[int]:
     """Computes n tokens of each (seq, n); returns one sampled token for every sequence whose last token was computed, in batch order."""
     bs, S, MB, V = self.config.block_size, self.config.max_num_seqs, self.max_blocks, self.hf["vocab_size"]
-    N = N or next(b for b in self.buckets if b >= sum(n for _, n in batch))
-    R = min(N, S)
-    tok = np.zeros((5, N), np.int32); tok[2] = -1    # padding rows write nowhere and attend to position 0
-    bt, per_row, fl = np.zeros((R, MB), np.int32), np.zeros((4, R), np.int32), np.zeros((2, R), np.float32)
-    off = r = 0
-    for s, (seq, n) in enumerate(batch):
-      pos = np.arange(seq.num_computed_tokens, seq.num_computed_tokens + n)
-      bt[s, :len(seq.block_table)] = table = np.array(seq.block_table, np.int32)
-      tok[:, off:off+n] = np.stack([seq.token_ids[pos[0]:pos[-1]+1], pos, table[pos // bs] * bs + pos % bs, np.full(n, s), np.full(n, pos[0])])
-      if pos[-1] + 1 == len(seq):
-        p = seq.params
-        per_row[:, r], fl[:, r] = [off + n - 1, seq.seed, len(seq), min(p.top_k, V) if p.top_k > 0 else V], [p.temperature, p.top_p]
-        r += 1
-      off += n
-    filtered = any(seq.params.top_k > 0 or seq.params.top_p < 1 for seq, _ in batch)
-    ints, floats = Tensor(np.concatenate([tok.ravel(), bt.ravel(), per_row.ravel()])), Tensor(fl.ravel())
-    if self.config.enforce_eager: out = self.forward(ints, floats, N, R, filtered)
-    else: out = self.graphs.setdefault((N, filtered), TinyJit(functools.partial(self.forward, N=N, R=R, filtered=filtered)))(ints, floats)
+    # one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy calls per
+    # sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
+    rows = [(s.num_computed_tokens, k, len(s), len(s.block_table), s.seed) for s, k in batch]
+    done, n, length, nblocks, seed = np.array(rows, int).reshape(-1, 5).T
+    top_k, temp, top_p = np.array([(s.params.top_k, s.params.temperature, s.params.top_p) for s, _ in batch]).reshape(-1, 3).T
+    N = N or next(b for b in self.buckets if b >= n.sum())
+    R, T, row = min(N, S), n.sum(), np.repeat(np.arange(len(batch)), n)   # row: each token's sequence in the batch
+    ints = np.zeros(5*N + R*MB + 6*R, np.int32)
+    tok, bt, per_row = ints[:5*N].reshape(5, N), ints[5*N:5*N + R*MB].reshape(R, MB), ints[5*N + R*MB:].reshape(6, R)
+    tok[2] = -1    # padding rows write nowhere and attend to position 0
+    bt[:len(batch)][np.arange(MB) < nblocks[:, None]] = np.fromiter(itertools.chain(*(s.block_table for s, _ in batch)), int)
+    pos = np.arange(T) - np.repeat(np.cumsum(n) - n, n) + done[row]
+    ids = np.fromiter(itertools.chain(*(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + k] for s, k in batch)), int, T)
+    tok[:, :T] = ids, pos, bt[row, pos // bs] * bs + pos % bs, row, done[row]   # done: positions cached by earlier steps
+    r = (last := done + n == length).sum()   # sequences whose last token is computed sample one
+    per_row[:4, :r] = np.cumsum(n)[last] - 1, seed[last], length[last], np.where(top_k[last] > 0, np.minimum(top_k[last], V), V)
+    per_row[4:, :r] = np.float32([temp[last], top_p[last]]).view(np.int32)
+    filtered = bool((top_k > 0).any() or (top_p < 1).any())
+    ints = Tensor(ints)
+    if self.config.enforce_eager: out = self.forward(ints, N, R, filtered)
+    else: out = self.graphs.setdefault((N, filtered), TinyJit(functools.partial(self.forward, N=N, R=R, filtered=filtered)))(ints)
     return out.tolist()[:r]
 
   def warmup(self):
