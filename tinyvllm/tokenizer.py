@@ -89,12 +89,17 @@ class IncrementalDetokenizer:
   """vLLM's detokenizer: decode a short window of tokens with and without the new ones and emit the difference. Decoding in context keeps
   the leading space sentencepiece drops from a text's first token; holding back on a trailing U+FFFD waits for a character's last byte."""
   def __init__(self, tokenizer:Tokenizer, prompt_ids:list[int]):
-    self.tok, self.ids, self.text = tokenizer, list(prompt_ids), ""
+    self.tok, self.ids = tokenizer, list(prompt_ids)
     self.prefix_offset, self.read_offset = max(len(self.ids) - 5, 0), len(self.ids)
+    self.prefix_text = tokenizer.decode(self.ids[self.prefix_offset:])
 
   def add(self, new_ids:list[int]) -> str:
     self.ids.extend(new_ids)
-    prefix_text, new_text = self.tok.decode(self.ids[self.prefix_offset:self.read_offset]), self.tok.decode(self.ids[self.prefix_offset:])
-    if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"): return ""
-    self.prefix_offset, self.read_offset, self.text = self.read_offset, len(self.ids), self.text + new_text[len(prefix_text):]
-    return new_text[len(prefix_text):]
+    new_text = self.tok.decode(self.ids[self.prefix_offset:])
+    if len(new_text) <= len(self.prefix_text) or new_text.endswith("\ufffd"): return ""
+    delta = new_text[len(self.prefix_text):]
+    # this window's text is the next one's context, so most tokens cost one decode, not two; past 6 tokens the window restarts at the
+    # last emitted chunk (vLLM's window), keeping decodes short
+    if len(self.ids) - self.prefix_offset > 6: self.prefix_offset, new_text = self.read_offset, self.tok.decode(self.ids[self.read_offset:])
+    self.prefix_text, self.read_offset = new_text, len(self.ids)
+    return delta
