@@ -54,15 +54,15 @@ class LLMEngine:
 
   def process_token(self, seq:Sequence, token:int) -> CompletionOutput:
     """Detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
-    p, old_len = seq.params, len(seq.text)
-    seq.text += seq.detok.add([token])
+    p, old_len = seq.params, len(seq.held_text)
+    seq.held_text += seq.detok.add([token])   # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
     reason = "stop" if token in p.stop_token_ids or (token in self.tokenizer.eos_ids and not p.ignore_eos) else None
     for s in p.stop:
-      if (i := seq.text.find(s, max(0, old_len - len(s) + 1))) >= 0: seq.text, reason = seq.text[:i], "stop"
+      if (i := seq.held_text.find(s, max(0, old_len - len(s) + 1))) >= 0: seq.held_text, reason = seq.held_text[:i], "stop"
     if reason is None and (len(seq) - seq.num_prompt_tokens >= p.max_tokens or len(seq) >= self.config.max_model_len): reason = "length"
     if reason: self.scheduler.finish(seq, reason); seq.finish_time = time.monotonic()
-    emit = len(seq.text) if reason else max(seq.num_emitted_chars, len(seq.text) - max((len(s) - 1 for s in p.stop), default=0))
-    text, seq.num_emitted_chars = seq.text[seq.num_emitted_chars:emit], emit
+    emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in p.stop), default=0))
+    text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
     return CompletionOutput(seq.index, text, [token], reason)
 
   def request_output(self, rid:str, outs:list[CompletionOutput]) -> RequestOutput:

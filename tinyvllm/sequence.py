@@ -48,7 +48,7 @@ class Sequence:
     # forked siblings get distinct seeds so n>1 with one seed still gives n different samples
     self.seed = (params.seed + index if params.seed is not None else random.getrandbits(31)) & 0x7fffffff
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
-    self.text, self.num_emitted_chars, self.detok = "", 0, None
+    self.held_text, self.detok = "", None   # detokenized text not yet emitted: it may be the start of a stop string
     self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)
   @property
