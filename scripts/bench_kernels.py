@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Microbenchmarks behind two engine decisions, at Llama-3.2-1B shapes (bf16 on GPUs), one layer, TinyJit, best of 5 x 10 calls:
+
+1. attention: `paged_attention` as the runner calls it, the kernel reading everything vs the kernel on the cached prefix + the dense in-step
+   matmuls (what DENSE_MIN / DENSE_MAX in tinyvllm/attention.py choose between), for decode and prefill steps;
+2. MLP: the down matmul reading silu(gate)*up fused into its loads vs from a contiguous buffer (and the norm made contiguous too).
+
+  python scripts/bench_kernels.py --device CUDA
+  python scripts/bench_kernels.py --quick          # small shapes: a smoke run on CPU"""
+import argparse, os, sys, time
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+
+def best(f, *args) -> float:
+  from tinygrad import Device
+  for _ in range(3): f(*args)
+  t_best = float("inf")
+  for _ in range(5):
+    Device[Device.DEFAULT].synchronize(); t = time.perf_counter()
+    for _ in range(10): f(*args)
+    Device[Device.DEFAULT].synchronize(); t_best = min(t_best, (time.perf_counter() - t) / 10)
+  return t_best
+
+def attention_case(name, S, ctx, prefill, H, KVH, D, BS, dt):
+  from tinygrad import Tensor, TinyJit
+  import tinyvllm.attention as A
+  MB = -(-ctx // BS); NBLK = S * MB + 8
+  kp, vp = [Tensor.uniform(NBLK*BS, KVH, D, dtype=dt).contiguous().realize() for _ in "kv"]
+  bt = Tensor(np.random.default_rng(0).permutation(NBLK)[:S*MB].reshape(S, MB).astype(np.int32)).realize()
+  N = ctx if prefill else S
+  ts = Tensor(np.zeros(N, np.int32) if prefill else np.arange(S, dtype=np.int32)).realize()
+  pos = np.arange(ctx, dtype=np.int32) if prefill else np.full(S, ctx - 1, np.int32)
+  cached, pos = Tensor(np.zeros(N, np.int32) if prefill else pos).realize(), Tensor(pos).realize()
+  q, k, v = [Tensor.uniform(N, h, D, dtype=dt).realize() for h in (H, KVH, KVH)]
+  for label, lo, hi in (("kernel only", 1, 0), ("kernel on cached prefix + dense in-step", 0, 1 << 30)):
+    A.DENSE_MIN, A.DENSE_MAX = lo, hi
+    f = TinyJit(lambda q, k, v: A.paged_attention(q, k, v, kp, vp, bt, ts, pos, cached, BS, True).realize())
+    print(f"attention {name}, {label}: {best(f, q, k, v)*1e6:.1f} us per layer", flush=True)
+
+def mlp_case(N, Dm, I, dt):
+  from tinygrad import Tensor, TinyJit
+  x, nw = Tensor.uniform(N, Dm, dtype=dt).realize(), Tensor.uniform(Dm, dtype=dt).realize()
+  wgu, wd = Tensor.uniform(2*I, Dm, dtype=dt, low=-.02, high=.02).realize(), Tensor.uniform(Dm, I, dtype=dt, low=-.02, high=.02).realize()
+  def mlp(x, contiguous_norm, contiguous_act):
+    xf = x.float(); h = (xf * (xf.square().mean(-1, keepdim=True) + 1e-5).rsqrt()).cast(x.dtype) * nw
+    gate, up = ((h.contiguous() if contiguous_norm else h) @ wgu.T).chunk(2, -1)
+    act = gate.silu() * up
+    return ((act.contiguous() if contiguous_act else act) @ wd.T).realize()
+  for cn, ca in ((False, False), (False, True), (True, True)):
+    t = best(TinyJit(lambda x, cn=cn, ca=ca: mlp(x, cn, ca)), x)
+    print(f"MLP N={N}: contiguous norm {cn}, contiguous activation {ca}: {t*1e3:.3f} ms ({2*N*Dm*3*I/t/1e12:.1f} TFLOP/s)", flush=True)
+
+if __name__ == "__main__":
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--device"); p.add_argument("--quick", action="store_true")
+  a = p.parse_args()
+  from tinyvllm.config import select_device
+  dev = select_device(a.device)
+  from tinygrad import dtypes
+  dt = dtypes.float32 if dev.startswith("CPU") else dtypes.bfloat16
+  heads = (8, 2, 16, 4) if a.quick else (32, 8, 64, 16)   # H, KVH, head_dim, block_size
+  cases = [("decode b4 ctx64", 4, 64, False), ("prefill 128", 1, 128, True)] if a.quick else \
+    [("decode b1 ctx512", 1, 512, False), ("decode b256 ctx512", 256, 512, False), ("prefill 1024", 1, 1024, True), ("prefill 2048", 1, 2048, True)]
+  for name, S, ctx, prefill in cases: attention_case(name, S, ctx, prefill, *heads, dt)
+  for N in ((16,) if a.quick else (256, 1024)): mlp_case(N, *((64, 256) if a.quick else (2048, 8192)), dt)
