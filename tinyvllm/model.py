@@ -75,7 +75,14 @@ class Transformer:
     return (xf * (xf.square().mean(-1, keepdim=True) + self.c["rms_norm_eps"]).rsqrt()).cast(x.dtype) * self.w[name]
 
   def linear(self, x:Tensor, name:str) -> Tensor:
-    return x.linear(self.w[name+".weight"].T, self.w.get(name+".bias"))
+    (N, K), w, b = x.shape, self.w[name+".weight"], self.w.get(name+".bias")
+    # split-K, as cuBLAS does for skinny outputs: a tensor-core matmul (16+ rows) with under 4M outputs gives tinygrad's schedule too few
+    # tiles to fill the GPU, so the reduction becomes S partial matmuls (S times the tiles) summed in float32 (measured: BENCHMARKS.md)
+    S = 1
+    while N >= 16 and S < 8 and N * w.shape[0] * S * 2 < 1 << 22 and K % (S * 32) == 0: S *= 2
+    if S == 1: return x.linear(w.T, b)
+    y = x.reshape(N, S, K//S).permute(1, 0, 2).matmul(w.reshape(-1, S, K//S).permute(1, 2, 0), dtype=dtypes.float).contiguous().sum(0)
+    return (y if b is None else y + b).cast(x.dtype)
 
   def rope(self, x:Tensor, cos:Tensor, sin:Tensor) -> Tensor:   # Hugging Face's rotate_half layout
     x1, x2 = x.chunk(2, -1)
