@@ -3,9 +3,12 @@
 
 1. attention: `paged_attention` as the runner calls it, the kernel reading everything vs the kernel on the cached prefix + the dense in-step
    matmuls (what DENSE_MIN / DENSE_MAX in tinyvllm/attention.py choose between), for decode and prefill steps;
-2. MLP: the down matmul reading silu(gate)*up fused into its loads vs from a contiguous buffer (and the norm made contiguous too).
+2. MLP: the down matmul reading silu(gate)*up fused into its loads vs from a contiguous buffer (and the norm made contiguous too);
+3. linear: each projection's matmul with tinygrad's default tensor-core schedule vs split over its reduction (K) into S partial matmuls
+   summed afterwards, and (--beam) with tinygrad's BEAM search.
 
   python scripts/bench_kernels.py --device CUDA
+  python scripts/bench_kernels.py --device CUDA --only linear --beam 2
   python scripts/bench_kernels.py --quick          # small shapes: a smoke run on CPU"""
 import argparse, os, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,9 +53,23 @@ def mlp_case(N, Dm, I, dt):
     t = best(TinyJit(lambda x, cn=cn, ca=ca: mlp(x, cn, ca)), x)
     print(f"MLP N={N}: contiguous norm {cn}, contiguous activation {ca}: {t*1e3:.3f} ms ({2*N*Dm*3*I/t/1e12:.1f} TFLOP/s)", flush=True)
 
+def linear_case(name, N, K, O, dt, beam):
+  from tinygrad import Tensor, TinyJit, dtypes
+  from tinygrad.helpers import Context
+  x, w = Tensor.uniform(N, K, dtype=dt).realize(), Tensor.uniform(O, K, dtype=dt, low=-.02, high=.02).realize()
+  def split_k(x, S):   # S partial products over K/S each, more output tiles for the GPU; summed in float32
+    if S == 1: return (x @ w.T).realize()
+    y = x.reshape(N, S, K//S).permute(1, 0, 2).matmul(w.reshape(O, S, K//S).permute(1, 2, 0), dtype=dtypes.float)
+    return y.contiguous().sum(0).cast(dt).realize()
+  for S, b in [(S, 0) for S in (1, 2, 4, 8) if K % (S * 16) == 0] + ([(1, beam)] if beam else []):
+    with Context(BEAM=b): t = best(TinyJit(lambda x, S=S: split_k(x, S)), x)
+    print(f"linear {name} N={N} K={K} O={O}: split {S}{f', BEAM={b}' if b else ''}: {t*1e6:.1f} us ({2*N*K*O/t/1e12:.1f} TFLOP/s)", flush=True)
+
 if __name__ == "__main__":
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--device"); p.add_argument("--quick", action="store_true")
+  p.add_argument("--device"); p.add_argument("--quick", action="store_true"); p.add_argument("--beam", type=int, default=0)
+  p.add_argument("--only", nargs="+", default=["attention", "mlp", "linear"], choices=["attention", "mlp", "linear"])
+  p.add_argument("--linear-n", type=int, nargs="+", default=[256, 1024], help="token counts (rows) of the linear cases")
   a = p.parse_args()
   from tinyvllm.config import select_device
   dev = select_device(a.device)
@@ -61,5 +78,11 @@ if __name__ == "__main__":
   heads = (8, 2, 16, 4) if a.quick else (32, 8, 64, 16)   # H, KVH, head_dim, block_size
   cases = [("decode b4 ctx64", 4, 64, False), ("prefill 128", 1, 128, True)] if a.quick else \
     [("decode b1 ctx512", 1, 512, False), ("decode b256 ctx512", 256, 512, False), ("prefill 1024", 1, 1024, True), ("prefill 2048", 1, 2048, True)]
-  for name, S, ctx, prefill in cases: attention_case(name, S, ctx, prefill, *heads, dt)
-  for N in ((16,) if a.quick else (256, 1024)): mlp_case(N, *((64, 256) if a.quick else (2048, 8192)), dt)
+  if "attention" in a.only:
+    for name, S, ctx, prefill in cases: attention_case(name, S, ctx, prefill, *heads, dt)
+  if "mlp" in a.only:
+    for N in ((16,) if a.quick else (256, 1024)): mlp_case(N, *((64, 256) if a.quick else (2048, 8192)), dt)
+  if "linear" in a.only:   # Llama-3.2-1B's projections: (K, O)
+    shapes = [("down", 256, 64)] if a.quick else [("qkv", 2048, 3072), ("o", 2048, 2048), ("gate_up", 2048, 16384), ("down", 8192, 2048)]
+    for N in ((16,) if a.quick else a.linear_n):
+      for name, K, O in shapes: linear_case(name, N, K, O, dt, a.beam)

@@ -29,11 +29,13 @@ if __name__ == "__main__":
   p.add_argument("--config"); p.add_argument("--model"); p.add_argument("--device")
   p.add_argument("--batch", type=int, nargs="+", default=[1]); p.add_argument("--ctx", type=int, default=128)
   p.add_argument("--kv-cache-memory", type=float, default=None); p.add_argument("--top", type=int, default=12)
+  p.add_argument("--beam", type=int, default=0, help="BEAM width for the decode graphs, as bench.py's --beam (searches every bucket <= max batch)")
   p.add_argument("--prefill", action="store_true", help="profile the prefill step of the prompts instead (needs batch x ctx <= 8192)")
   a = p.parse_args()
   path, load_format = model_folder(a)
   llm = LLM(path, device=a.device, load_format=load_format, max_num_seqs=max(a.batch),
-            max_num_batched_tokens=max(2048, max(a.batch) * a.ctx if a.prefill else 0), max_model_len=max(1024, a.ctx + 64), kv_cache_memory=a.kv_cache_memory)
+            max_num_batched_tokens=max(2048, max(a.batch) * a.ctx if a.prefill else 0), max_model_len=max(1024, a.ctx + 64),
+            kv_cache_memory=a.kv_cache_memory, beam=a.beam)
   for b in a.batch:
     rows = profile(llm, b, a.ctx, a.prefill)
     total = sum(r[2] for r in rows)
