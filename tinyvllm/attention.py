@@ -65,7 +65,8 @@ def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[T
   s = ((token_seq.unsqueeze(1) == token_seq.unsqueeze(0)) & (idx.unsqueeze(0) <= idx.unsqueeze(1))).where(s, -math.inf)  # (KVH, G, N, N)
   m = s.max(-1, keepdim=True)
   p = (s - m).exp()
-  # probabilities in 16 bits, as flash-attention does; a buffer of its own, as tinygrad fused into the merge would get two reduces and no tensor cores
+  # probabilities in 16 bits, as flash-attention does. acc gets its own buffer: fused into the merge in paged_attention, P x V became a kernel
+  # with two reductions, which tinygrad runs without tensor cores (7x slower on an H200)
   acc = p.cast(q.dtype).matmul(v.permute(1, 0, 2).unsqueeze(1), dtype=dtypes.float).contiguous()
   to_nh = lambda t: t.permute(2, 0, 1, 3).reshape(N, H, t.shape[3])
   return to_nh(m)[..., 0], to_nh(p.sum(-1, keepdim=True))[..., 0], to_nh(acc)
