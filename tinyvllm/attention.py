@@ -35,7 +35,8 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   h = UOp.range(H, 2, AxisType.LOCAL if has_local else AxisType.LOOP)
   k, d, d2 = UOp.range(D, 4, AxisType.UNROLL), UOp.range(D, 5, AxisType.UPCAST), UOp.range(D, 6, AxisType.UPCAST)
   # clamping the loaded ints proves every index in bounds, which keeps garbage inputs from reading out of the pool and lets tinygrad
-  # drop its index wrapping (% on every load); the loop runs ceil(ctx_len / C) times, a data-dependent trip count
+  # drop its index wrapping (% on every load); L[n] = positions to read (the cached prefix in dense steps, positions[n]+1 otherwise), so
+  # the loop runs ceil(L[n] / C) times, a data-dependent trip count
   seq, ctx = TS[n].maximum(0).minimum(S-1).cast(dtypes.weakint), L[n].maximum(0).minimum(MAXB*block_size).cast(dtypes.weakint)
   t = UOp.range(chunk := (ctx + (C - 1)) // C, 3, AxisType.REDUCE)
   valid = c * chunk + t < ctx
