@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Microbenchmarks behind two engine decisions, at Llama-3.2-1B shapes (bf16 on GPUs), one layer, TinyJit, best of 5 x 10 calls:
+"""Microbenchmarks behind three engine decisions, at Llama-3.2-1B shapes (bf16 on GPUs), one layer, TinyJit, best of 5 x 10 calls:
 
 1. attention: `paged_attention` as the runner calls it, the kernel reading everything vs the kernel on the cached prefix + the dense in-step
    matmuls (what DENSE_MIN / DENSE_MAX in tinyvllm/attention.py choose between), for decode and prefill steps;
@@ -10,19 +10,10 @@
   python scripts/bench_kernels.py --device CUDA
   python scripts/bench_kernels.py --device CUDA --only linear --beam 2
   python scripts/bench_kernels.py --quick          # small shapes: a smoke run on CPU"""
-import argparse, os, sys, time
+import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
-
-def best(f, *args) -> float:
-  from tinygrad import Device
-  for _ in range(3): f(*args)
-  t_best = float("inf")
-  for _ in range(5):
-    Device[Device.DEFAULT].synchronize(); t = time.perf_counter()
-    for _ in range(10): f(*args)
-    Device[Device.DEFAULT].synchronize(); t_best = min(t_best, (time.perf_counter() - t) / 10)
-  return t_best
+from scripts.bench import best_time   # noqa: E402  (bench.py's timer: TinyJit warm-up, best of 5 x 10 calls between syncs)
 
 def attention_case(name, S, ctx, prefill, H, KVH, D, BS, dt):
   from tinygrad import Tensor, TinyJit
@@ -38,7 +29,7 @@ def attention_case(name, S, ctx, prefill, H, KVH, D, BS, dt):
   for label, lo, hi in (("kernel only", 1, 0), ("kernel on cached prefix + dense in-step", 0, 1 << 30)):
     A.DENSE_MIN, A.DENSE_MAX = lo, hi
     f = TinyJit(lambda q, k, v: A.paged_attention(q, k, v, kp, vp, bt, ts, pos, cached, BS, True).realize())
-    print(f"attention {name}, {label}: {best(f, q, k, v)*1e6:.1f} us per layer", flush=True)
+    print(f"attention {name}, {label}: {best_time(f, q, k, v)*1e6:.1f} us per layer", flush=True)
 
 def mlp_case(N, Dm, I, dt):
   from tinygrad import Tensor, TinyJit
@@ -50,20 +41,20 @@ def mlp_case(N, Dm, I, dt):
     act = gate.silu() * up
     return ((act.contiguous() if contiguous_act else act) @ wd.T).realize()
   for cn, ca in ((False, False), (False, True), (True, True)):
-    t = best(TinyJit(lambda x, cn=cn, ca=ca: mlp(x, cn, ca)), x)
+    t = best_time(TinyJit(lambda x, cn=cn, ca=ca: mlp(x, cn, ca)), x)
     print(f"MLP N={N}: contiguous norm {cn}, contiguous activation {ca}: {t*1e3:.3f} ms ({2*N*Dm*3*I/t/1e12:.1f} TFLOP/s)", flush=True)
 
 def linear_case(name, N, K, O, dt, beam):
-  from tinygrad import Tensor, TinyJit, dtypes
+  from tinygrad import Tensor, TinyJit
   from tinygrad.helpers import Context
+  from tinyvllm.model import split_k_ways, matmul_split_k
   x, w = Tensor.uniform(N, K, dtype=dt).realize(), Tensor.uniform(O, K, dtype=dt, low=-.02, high=.02).realize()
-  def split_k(x, S):   # S partial products over K/S each, more output tiles for the GPU; summed in float32
-    if S == 1: return (x @ w.T).realize()
-    y = x.reshape(N, S, K//S).permute(1, 0, 2).matmul(w.reshape(O, S, K//S).permute(1, 2, 0), dtype=dtypes.float)
-    return y.contiguous().sum(0).cast(dt).realize()
   for S, b in [(S, 0) for S in (1, 2, 4, 8) if K % (S * 16) == 0] + ([(1, beam)] if beam else []):
-    with Context(BEAM=b): t = best(TinyJit(lambda x, S=S: split_k(x, S)), x)
-    print(f"linear {name} N={N} K={K} O={O}: split {S}{f', BEAM={b}' if b else ''}: {t*1e6:.1f} us ({2*N*K*O/t/1e12:.1f} TFLOP/s)", flush=True)
+    f = lambda x, S=S: (x @ w.T if S == 1 else matmul_split_k(x, w, S).cast(dt)).realize()
+    with Context(BEAM=b): t = best_time(TinyJit(f), x)
+    pick = " (the model's choice)" if S == split_k_ways(N, K, O) and not b else ""
+    print(f"linear {name} N={N} K={K} O={O}: split {S}{f', BEAM={b}' if b else ''}{pick}: {t*1e6:.1f} us ({2*N*K*O/t/1e12:.1f} TFLOP/s)",
+          flush=True)
 
 if __name__ == "__main__":
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
