@@ -81,7 +81,7 @@ def timed_request(eng, ids:list[int], sp:SamplingParams) -> list[float]:
 
 def latency(args, llm, name, dev, bw, rate):
   eng, runner, rng = llm.engine, llm.engine.runner, np.random.default_rng(args.seed)
-  c, it, mml, vocab = runner.hf, runner.dtype.itemsize, eng.config.max_model_len, min(runner.hf["vocab_size"], 10000)
+  c, it, mml, vocab = runner.hf_config, runner.dtype.itemsize, eng.config.max_model_len, min(runner.hf_config["vocab_size"], 10000)
   w, L, H, KV, hd = runner.model.w, c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
   params = sum(t.numel() for t in w.values())
   # decode reads every weight once per token, except the embedding table (one row gathered), plus the whole LM head (tied or not)
@@ -110,7 +110,7 @@ def latency(args, llm, name, dev, bw, rate):
 def throughput(args, llm, name, dev):
   eng, rng, n = llm.engine, np.random.default_rng(args.seed), args.num_requests
   ins, outs = rng.integers(args.min_input, args.max_input + 1, n), rng.integers(args.min_output, args.max_output + 1, n)
-  prompts = [rng.integers(0, min(eng.runner.hf["vocab_size"], 10000), k).tolist() for k in ins]
+  prompts = [rng.integers(0, min(eng.runner.hf_config["vocab_size"], 10000), k).tolist() for k in ins]
   if args.max_input + args.max_output > (mml := eng.config.max_model_len):   # e.g. stories260K's 512: keep every request inside the context
     ins, outs = np.minimum(ins, mml // 2), np.minimum(outs, mml - np.minimum(ins, mml // 2))
     prompts = [p[:k] for p, k in zip(prompts, ins)]

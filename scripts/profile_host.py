@@ -27,9 +27,9 @@ if __name__ == "__main__":
     class Fake:
       def __init__(self, R): self.R = R
       def tolist(self): return rng.integers(3, 512, self.R).tolist()
-    _TinyJit.__call__ = lambda self, *args: Fake(self.fxn.keywords["R"])
+    _TinyJit.__call__ = lambda self, *args: Fake(self.fxn.keywords["num_rows"])
   _TinyJit.__call__, Tensor.tolist = timed(_TinyJit.__call__, "device", acc), timed(Tensor.tolist, "device", acc)
-  for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, "run"), (llm_engine.LLMEngine, "process_token"),
+  for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, "run"), (scheduler.Scheduler, "check_stop"),
                     (tokenizer.IncrementalDetokenizer, "add"), (block_manager.BlockManager, "commit")]:
     setattr(cls, name, timed(getattr(cls, name), f"{cls.__name__}.{name}", acc))
   eng = LLM(max_num_seqs=a.seqs, max_num_batched_tokens=2048).engine

@@ -10,7 +10,7 @@ def engine_step(sch, batch):   # what the engine does with a batch: compute the 
     if seq.num_computed_tokens == len(seq): seq.token_ids.append(7)
 
 def test_decodes_first_then_chunked_prompts_within_budget():
-  sch = Scheduler(Config(max_num_batched_tokens=32, max_num_seqs=8, block_size=4), BlockManager(64, 4))
+  sch = Scheduler(Config(max_num_batched_tokens=32, max_num_seqs=8, block_size=4), BlockManager(64, 4), set())
   short, long = Sequence("a", [1] * 5, SamplingParams()), Sequence("b", list(range(70)), SamplingParams())
   sch.waiting.extend([short, long])
   first = sch.schedule()
@@ -23,7 +23,7 @@ def test_decodes_first_then_chunked_prompts_within_budget():
 
 def test_out_of_blocks_preempts_the_newest_and_recomputes_it():
   bm = BlockManager(6, 4)
-  sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4), bm)
+  sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4), bm, set())
   old, new = Sequence("old", [1] * 12, SamplingParams()), Sequence("new", [2] * 12, SamplingParams())
   sch.waiting.extend([old, new])
   engine_step(sch, sch.schedule())                     # 3 + 3 blocks: the pool is full, both hold 13 tokens
@@ -36,7 +36,7 @@ def test_out_of_blocks_preempts_the_newest_and_recomputes_it():
 
 def test_forked_siblings_wait_for_the_parent_prompt_then_share_its_blocks():
   bm = BlockManager(32, 4)
-  sch = Scheduler(Config(max_num_batched_tokens=8, max_num_seqs=8, block_size=4), bm)
+  sch = Scheduler(Config(max_num_batched_tokens=8, max_num_seqs=8, block_size=4), bm, set())
   parent = Sequence("r", list(range(10)), SamplingParams(n=2))
   child = Sequence("r", list(range(10)), SamplingParams(n=2), 1, parent)
   sch.waiting.extend([parent, child])

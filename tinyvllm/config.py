@@ -6,20 +6,33 @@ BUNDLED_MODEL = os.path.join(os.path.dirname(__file__), "stories260K")
 @dataclass
 class Config:
   """One config that flows from the CLI / LLM() into every part of the engine, as in nano-vllm."""
-  model: str | None = None               # Hugging Face folder; None serves the bundled stories260K
+  model: str | None = None               # Hugging Face folder or hub id (org/name); None serves the bundled stories260K
   device: str | None = None              # tinygrad device (CUDA, METAL, AMD, CPU); falls back to $DEVICE, then tinygrad's default
   dtype: str = "auto"                    # compute dtype: auto = checkpoint's 16-bit dtype on GPUs, float32 on CPU
   load_format: str = "auto"              # "dummy" = random weights from config.json alone, for benchmarks (as in vLLM)
-  max_model_len: int | None = None       # context length; default min(config's max_position_embeddings, 4096)
-  max_num_seqs: int = 64                 # most sequences in one step (also the largest decode graph bucket)
+  max_model_len: int | None = None       # context length; default min(config's max_position_embeddings, 4096, the KV pool)
+  max_num_seqs: int = 64                 # most sequences in one step, so also the most rows sampled in one step
   max_num_batched_tokens: int = 512      # token budget of one step; long prompts are chunked to fit it
   block_size: int = 16                   # tokens per KV block
   kv_cache_memory: float | None = None   # GB for the KV pool; None = a share of free device memory where tinygrad can tell
-  enable_prefix_caching: bool = True
+  enable_prefix_caching: bool = True     # share the KV blocks of equal prompt prefixes across requests
   enforce_eager: bool = False            # no TinyJit graphs, for debugging
   attention: str = "kernel"              # "kernel" (custom UOp paged attention) or "gather" (plain tinygrad ops, the portable reference)
   seed: int = 0                          # seeds the per-request seeds of requests that don't set one, so offline runs are repeatable
   beam: int = 0                          # BEAM width for the decode graphs' kernels (tinygrad's BEAM), searched once and kept in its cache.db
+  def __post_init__(self):
+    positive = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory")
+    if bad := [name for name in positive if getattr(self, name) is not None and not getattr(self, name) > 0]:
+      raise ValueError(f"{', '.join(bad)} must be positive (leave unset for the default)")
+    if self.attention not in ("kernel", "gather"): raise ValueError(f"attention must be 'kernel' or 'gather', got {self.attention!r}")
+
+def model_path(model:str|None) -> str:
+  """A local folder as it is; otherwise a Hugging Face hub id, downloaded once into the hub's cache as vLLM does."""
+  if model is None or os.path.isdir(model): return model or BUNDLED_MODEL
+  import huggingface_hub
+  try: return huggingface_hub.snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "tokenizer.model", "*.jinja"])
+  except Exception as e:
+    raise ValueError(f"model {model!r} is not a local folder and could not be fetched from the Hugging Face hub ({type(e).__name__})") from None
 
 def select_device(device:str|None) -> str:
   """Map --device / $DEVICE onto tinygrad's DEV before any tensor exists; unknown devices fail listing what tinygrad can open."""
@@ -29,7 +42,7 @@ def select_device(device:str|None) -> str:
   if device := device or os.getenv("DEVICE"): DEV.value = device
   try: return Device[Device.DEFAULT].device
   except Exception as e:
-    def opens(d):
-      try: return bool(Device[d])
+    def opens(name):
+      try: return bool(Device[name])
       except Exception: return False
     raise RuntimeError(f"device {device!r} is not usable ({type(e).__name__}: {e}); tinygrad found: {[d for d in ALL_DEVICES if opens(d)]}") from None

@@ -1,41 +1,85 @@
+import time
 from collections import deque
 from tinyvllm.config import Config
-from tinyvllm.sequence import Sequence, Status
+from tinyvllm.sequence import Sequence, Status, CompletionOutput
 from tinyvllm.block_manager import BlockManager
 
 class Scheduler:
   """Continuous batching: every step fills a token budget, running sequences first (decodes and unfinished prompt chunks), then new
   prompts in arrival order, chunked so a long prompt never stalls the decodes. When blocks run out, the most recently admitted sequence is
-  preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap)."""
-  def __init__(self, config:Config, block_manager:BlockManager):
-    self.config, self.bm = config, block_manager
+  preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap). After the step, `postprocess`
+  does all of its bookkeeping, as nano-vllm's does."""
+  def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
+    self.config, self.bm, self.eos_ids = config, block_manager, eos_ids
     self.waiting: deque[Sequence] = deque()
     self.running: list[Sequence] = []        # admission order: the last one is the first to be preempted
-    self.num_preemptions = 0
+    self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
 
   def schedule(self) -> list[tuple[Sequence, int]]:
     """Returns (sequence, number of its tokens to compute this step); a sequence whose last token is computed samples one more."""
     budget, batch = self.config.max_num_batched_tokens, []
     for seq in list(self.running):
       if seq.status != Status.RUNNING: continue            # preempted below while making room for an earlier sequence
-      if (n := min(len(seq) - seq.num_computed_tokens, budget)) == 0: break
-      while not self.bm.can_append(seq, n) and seq.status == Status.RUNNING: self.preempt(self.running[-1])
-      if seq.status == Status.RUNNING: self.bm.append(seq, n); batch.append((seq, n)); budget -= n
+      if (num_tokens := min(len(seq) - seq.num_computed_tokens, budget)) == 0: break
+      while not self.bm.can_append(seq, num_tokens) and seq.status == Status.RUNNING: self.preempt(self.running[-1])
+      if seq.status == Status.RUNNING:
+        self.bm.append(seq, num_tokens)
+        batch.append((seq, num_tokens))
+        budget -= num_tokens
     while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
       seq, parent = self.waiting[0], self.waiting[0].parent
       if parent is not None and parent.status != Status.FINISHED and parent.num_computed_tokens < parent.num_prompt_tokens: break
       # n > 1: a forked sibling shares its parent's full prompt blocks (copy-free fork), whatever the prefix cache holds
-      shared = parent.block_table[:(min(parent.num_computed_tokens, len(seq)) - 1) // self.bm.block_size] if parent and parent.block_table else None
+      shared = None
+      if parent and parent.block_table: shared = parent.block_table[:(min(parent.num_computed_tokens, len(seq)) - 1) // self.bm.block_size]
       if not self.bm.allocate(seq, shared): break
-      self.waiting.popleft(); self.running.append(seq); seq.status = Status.RUNNING
-      batch.append((seq, n := min(len(seq) - seq.num_computed_tokens, budget))); budget -= n
+      self.waiting.popleft()
+      self.running.append(seq)
+      seq.status, num_tokens = Status.RUNNING, min(len(seq) - seq.num_computed_tokens, budget)
+      batch.append((seq, num_tokens))
+      budget -= num_tokens
     return batch
 
+  def postprocess(self, batch:list[tuple[Sequence, int]], sampled:list[int]) -> list[tuple[Sequence, CompletionOutput]]:
+    """The step's bookkeeping: its KV is now computed, full blocks are registered for prefix caching, each sampled token is appended,
+    detokenized and checked against the stop conditions, and finished sequences give their blocks back at once."""
+    sampled_tokens, outputs = iter(sampled), []
+    for seq, num_tokens in batch:
+      seq.num_computed_tokens += num_tokens
+      self.bm.commit(seq)
+      if seq.num_computed_tokens < len(seq): continue        # a mid-prompt chunk samples nothing
+      if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
+      seq.token_ids.append(token := next(sampled_tokens))
+      self.num_generation_tokens += 1
+      outputs.append((seq, self.check_stop(seq, token)))
+    return outputs
+
+  def check_stop(self, seq:Sequence, token:int) -> CompletionOutput:
+    """Detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
+    params, searched = seq.params, len(seq.held_text)
+    seq.held_text += seq.detok.add([token])   # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
+    reason = stop_reason = None
+    if token in params.stop_token_ids: reason, stop_reason = "stop", token
+    elif token in self.eos_ids and not params.ignore_eos: reason = "stop"
+    for stop in params.stop:   # a match can only start in the new text or in the len(stop) - 1 held characters before it
+      if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
+        seq.held_text = seq.held_text[:i + len(stop) if params.include_stop_str_in_output else i]
+        reason, stop_reason = "stop", stop
+    if reason is None and (len(seq) - seq.num_prompt_tokens >= params.max_tokens or len(seq) >= self.config.max_model_len): reason = "length"
+    if reason: self.finish(seq, reason)
+    emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
+    text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
+    return CompletionOutput(seq.index, text, [token], reason, stop_reason)
+
   def preempt(self, seq:Sequence):
-    self.bm.free_blocks(seq); self.running.remove(seq); self.waiting.appendleft(seq)
+    self.bm.free_blocks(seq)
+    self.running.remove(seq)
+    self.waiting.appendleft(seq)
     seq.status, self.num_preemptions = Status.WAITING, self.num_preemptions + 1
 
   def finish(self, seq:Sequence, reason:str):
-    if seq.status == Status.RUNNING: self.bm.free_blocks(seq); self.running.remove(seq)
+    if seq.status == Status.RUNNING:
+      self.bm.free_blocks(seq)
+      self.running.remove(seq)
     elif seq in self.waiting: self.waiting.remove(seq)
-    seq.status, seq.finish_reason = Status.FINISHED, reason
+    seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, time.monotonic()

@@ -1,24 +1,48 @@
-import enum, itertools, random, time
+import enum, itertools, math, time
 from dataclasses import dataclass, field
+
+MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256   # bounds each token's stop-string search, so one request's stop list can't stall the step
+
+class ParamError(ValueError):
+  """A request field out of range; `param` names it, so the server's 400 can say which."""
+  def __init__(self, param:str, message:str): super().__init__(f"{param} {message}"); self.param = param
+
+def number(name:str, value, kind=float):
+  """value as a finite `kind`, or ParamError: JSON allows 10**309 or NaN, which would overflow or poison the step's float32 buffer."""
+  if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+    raise ParamError(name, "must be a number" if kind is float else "must be an integer")
+  try: value = kind(value)
+  except OverflowError: raise ParamError(name, "is too large") from None
+  if not math.isfinite(value): raise ParamError(name, "must be finite")
+  return value
 
 @dataclass
 class SamplingParams:
-  """Per-request sampling knobs with vLLM's names and defaults."""
+  """Per-request sampling knobs with vLLM's names, defaults and ranges, checked once here for the server and the offline API alike."""
   n: int = 1
   max_tokens: int = 16
   temperature: float = 1.0
   top_p: float = 1.0
-  top_k: int = -1                        # -1 (or 0) keeps the whole vocabulary
+  top_k: int = -1                        # -1 or 0 keeps the whole vocabulary
   seed: int | None = None
   stop: str | list[str] | None = None
   stop_token_ids: list[int] = field(default_factory=list)
   ignore_eos: bool = False
+  include_stop_str_in_output: bool = False
   def __post_init__(self):
+    for name in ("n", "max_tokens", "top_k"): setattr(self, name, number(name, getattr(self, name), int))
+    self.temperature, self.top_p = number("temperature", self.temperature), number("top_p", self.top_p)
+    if self.seed is not None and not -2**63 <= number("seed", self.seed, int) < 2**64: raise ParamError("seed", "must be a 64-bit integer")
     self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-    for ok, msg in [(self.n >= 1, "n must be at least 1"), (self.max_tokens >= 1, "max_tokens must be at least 1"),
-                    (self.temperature >= 0, "temperature must be non-negative"), (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-                    (self.top_k == -1 or self.top_k >= 0, "top_k must be -1 (off) or positive"), (all(self.stop), "stop strings must not be empty")]:
-      if not ok: raise ValueError(f"{msg}, got {self}")
+    self.stop_token_ids = [number("stop_token_ids", t, int) for t in self.stop_token_ids]
+    checks = [("n", self.n >= 1, "must be at least 1"), ("max_tokens", self.max_tokens >= 1, "must be at least 1"),
+              ("temperature", self.temperature >= 0, "must be non-negative"), ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+              ("top_k", self.top_k >= -1, "must be -1 or 0 (off), or positive"),
+              ("stop", len(self.stop) <= MAX_STOP_STRINGS, f"takes at most {MAX_STOP_STRINGS} strings"),
+              ("stop", all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN for s in self.stop),
+               f"strings must be non-empty and at most {MAX_STOP_LEN} characters")]
+    for name, ok, message in checks:
+      if not ok: raise ParamError(name, message)
 
 class Status(enum.Enum): WAITING = 0; RUNNING = 1; FINISHED = 2
 
@@ -28,6 +52,7 @@ class CompletionOutput:
   text: str
   token_ids: list[int]
   finish_reason: str | None = None       # "stop", "length" or "abort"
+  stop_reason: str | int | None = None   # the stop string or stop token id that ended it (None for EOS, length or abort), as in vLLM
 
 @dataclass
 class RequestOutput:
@@ -40,13 +65,12 @@ class RequestOutput:
 class Sequence:
   """One generated continuation: its tokens, how many of them already sit in the KV cache, and its block table."""
   ids = itertools.count()
-  def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, index:int=0, parent:"Sequence|None"=None):
+  def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, index:int=0, parent:"Sequence|None"=None, seed:int=0):
     self.seq_id, self.request_id, self.index, self.parent, self.params = next(Sequence.ids), request_id, index, parent, params
-    self.prompt_token_ids, self.token_ids, self.num_computed_tokens = prompt_ids, list(prompt_ids), 0   # the prompt list is shared, not copied
+    self.prompt_token_ids, self.token_ids = prompt_ids, list(prompt_ids)   # the prompt list is shared by siblings, not copied
+    self.num_computed_tokens, self.seed = 0, seed
     self.block_table: list[int] = []
     self.status, self.finish_reason = Status.WAITING, None
-    # forked siblings get distinct seeds so n>1 with one seed still gives n different samples
-    self.seed = (params.seed + index if params.seed is not None else random.getrandbits(31)) & 0x7fffffff
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
     self.held_text, self.detok = "", None   # detokenized text not yet emitted: it may be the start of a stop string
     self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
