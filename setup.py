@@ -10,6 +10,9 @@ setup(
   package_data={"tinyvllm": ["stories260K/*"]},  # the bundled default model ships with the package
   include_package_data=True,
   python_requires=">=3.10",
-  install_requires=["tinygrad==0.14.0", "safetensors", "tiktoken", "sentencepiece", "starlette", "uvicorn", "jinja2", "numpy"],
-  extras_require={"test": ["pytest", "hypothesis", "torch==2.13.0", "transformers", "openai", "httpx"]},
+  install_requires=["tinygrad==0.14.0", "safetensors", "tiktoken", "sentencepiece", "starlette", "uvicorn", "jinja2", "numpy",
+                    "huggingface_hub", "prometheus-client"],
+  # torch is left out on purpose: the tests need transformers' reference logits on the CPU, and torch's default wheel on Linux is a
+  # multi-gigabyte CUDA build. Install the CPU build first (README), then this extra.
+  extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx"]},
 )
