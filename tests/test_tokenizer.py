@@ -92,7 +92,7 @@ def test_eos_after_output_is_skipped():
   det = IncrementalDetokenizer(tok, tok.encode("Once upon a time"))
   assert det.add(tok.encode(" there", add_special_tokens=False)) == " there" and det.add([2]) == ""
 
-# ---- Hugging Face tokenizer.json (byte-level BPE), checked against the `tokenizers` library itself ----
+# ---- Hugging Face tokenizer.json: `tokenizers` runs it; our BOS, special-token, EOS and decode rules around it must agree with HF's ----
 
 CORPUS = [c["text"] for f in (DATA / "llama3-tiktoken" / "reference_encodings.json", DATA / "tokenizer_reference.json")
           for c in json.loads(f.read_text())["cases"]] + MULTIBYTE

@@ -133,8 +133,7 @@ class AsyncLLM:
     self.engine, self.work, self.inbox, self.healthy = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True
     # the ~300k objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection walks
     # them (one was a ~90 ms stall of the engine loop every few hundred steps at batch 256)
-    gc.collect()
-    gc.freeze()
+    gc.collect(); gc.freeze()
     self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
     threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
@@ -151,24 +150,17 @@ class AsyncLLM:
         failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
         for request_id in failed: self.engine.abort(request_id)
         outs += [(request_id, EngineError(failed)) for request_id in failed]
-        self.healthy = self.can_step()
+        try: self.engine.runner.run([], self.engine.runner.buckets[0])
+        except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
       self.work.clear()   # clear, then look again: a request that arrived meanwhile set the event after our last check
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()
       for out in outs:
         request_id = out[0] if isinstance(out, tuple) else out.request_id
         if (q := self.queues.get(request_id)): q[0].call_soon_threadsafe(q[1].put_nowait, out)
 
-  def can_step(self) -> bool:
-    try: self.engine.runner.run([], self.engine.runner.buckets[0])
-    except Exception:
-      log.exception("the engine cannot run an empty step: it is unhealthy")
-      return False
-    return True
-
   async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str):
     self.queues[request_id], finished = (asyncio.get_running_loop(), q := asyncio.Queue()), False
-    self.inbox.put((request_id, prompt_token_ids, params))
-    self.work.set()
+    self.inbox.put((request_id, prompt_token_ids, params)); self.work.set()
     try:
       while not finished:
         if isinstance(out := await q.get(), tuple): raise out[1]
@@ -179,5 +171,4 @@ class AsyncLLM:
       if not finished: self.abort(request_id)
 
   def abort(self, request_id:str):
-    self.inbox.put((request_id, None, None))
-    self.work.set()
+    self.inbox.put((request_id, None, None)); self.work.set()

@@ -22,22 +22,15 @@ class Scheduler:
       if seq.status != Status.RUNNING: continue            # preempted below while making room for an earlier sequence
       if (num_tokens := min(len(seq) - seq.num_computed_tokens, budget)) == 0: break
       while not self.bm.can_append(seq, num_tokens) and seq.status == Status.RUNNING: self.preempt(self.running[-1])
-      if seq.status == Status.RUNNING:
-        self.bm.append(seq, num_tokens)
-        batch.append((seq, num_tokens))
-        budget -= num_tokens
+      if seq.status == Status.RUNNING: self.bm.append(seq, num_tokens); batch.append((seq, num_tokens)); budget -= num_tokens
     while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
       seq, parent = self.waiting[0], self.waiting[0].parent
       if parent is not None and parent.status != Status.FINISHED and parent.num_computed_tokens < parent.num_prompt_tokens: break
       # n > 1: a forked sibling shares its parent's full prompt blocks (copy-free fork), whatever the prefix cache holds
-      shared = None
-      if parent and parent.block_table: shared = parent.block_table[:(min(parent.num_computed_tokens, len(seq)) - 1) // self.bm.block_size]
-      if not self.bm.allocate(seq, shared): break
-      self.waiting.popleft()
-      self.running.append(seq)
-      seq.status, num_tokens = Status.RUNNING, min(len(seq) - seq.num_computed_tokens, budget)
-      batch.append((seq, num_tokens))
-      budget -= num_tokens
+      shared = parent.block_table[:(min(parent.num_computed_tokens, len(seq)) - 1) // self.bm.block_size] if parent else None
+      if not self.bm.allocate(seq, shared or None): break
+      self.waiting.popleft(); self.running.append(seq); seq.status = Status.RUNNING
+      batch.append((seq, num_tokens := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_tokens
     return batch
 
   def postprocess(self, batch:list[tuple[Sequence, int]], sampled:list[int]) -> list[tuple[Sequence, CompletionOutput]]:
@@ -72,14 +65,10 @@ class Scheduler:
     return CompletionOutput(seq.index, text, [token], reason, stop_reason)
 
   def preempt(self, seq:Sequence):
-    self.bm.free_blocks(seq)
-    self.running.remove(seq)
-    self.waiting.appendleft(seq)
+    self.bm.free_blocks(seq); self.running.remove(seq); self.waiting.appendleft(seq)
     seq.status, self.num_preemptions = Status.WAITING, self.num_preemptions + 1
 
   def finish(self, seq:Sequence, reason:str):
-    if seq.status == Status.RUNNING:
-      self.bm.free_blocks(seq)
-      self.running.remove(seq)
+    if seq.status == Status.RUNNING: self.bm.free_blocks(seq); self.running.remove(seq)
     elif seq in self.waiting: self.waiting.remove(seq)
     seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, time.monotonic()

@@ -7,13 +7,21 @@ class ParamError(ValueError):
   """A request field out of range; `param` names it, so the server's 400 can say which."""
   def __init__(self, param:str, message:str): super().__init__(f"{param} {message}"); self.param = param
 
-def number(name:str, value, kind=float):
-  """value as a finite `kind`, or ParamError: JSON allows 10**309 or NaN, which would overflow or poison the step's float32 buffer."""
+# vLLM's ranges: (type, check, what the check asks)
+RANGES = {"n": (int, lambda n: n >= 1, "at least 1"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
+          "temperature": (float, lambda t: t >= 0, "non-negative"), "top_p": (float, lambda p: 0 < p <= 1, "in (0, 1]"),
+          "top_k": (int, lambda k: k >= -1, "-1 or 0 (off), or positive"), "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer")}
+
+def checked(name:str, value):
+  """value as a finite number of the field's type in the field's range, or ParamError: JSON allows 10**309 or NaN, which would overflow
+  or poison the step's float32 buffer."""
+  kind, ok, rule = RANGES[name]
   if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-    raise ParamError(name, "must be a number" if kind is float else "must be an integer")
+    raise ParamError(name, "must be an integer" if kind is int else "must be a number")
   try: value = kind(value)
   except OverflowError: raise ParamError(name, "is too large") from None
   if not math.isfinite(value): raise ParamError(name, "must be finite")
+  if not ok(value): raise ParamError(name, f"must be {rule}")
   return value
 
 @dataclass
@@ -30,19 +38,12 @@ class SamplingParams:
   ignore_eos: bool = False
   include_stop_str_in_output: bool = False
   def __post_init__(self):
-    for name in ("n", "max_tokens", "top_k"): setattr(self, name, number(name, getattr(self, name), int))
-    self.temperature, self.top_p = number("temperature", self.temperature), number("top_p", self.top_p)
-    if self.seed is not None and not -2**63 <= number("seed", self.seed, int) < 2**64: raise ParamError("seed", "must be a 64-bit integer")
+    for name in RANGES:
+      if name != "seed" or self.seed is not None: setattr(self, name, checked(name, getattr(self, name)))
     self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-    self.stop_token_ids = [number("stop_token_ids", t, int) for t in self.stop_token_ids]
-    checks = [("n", self.n >= 1, "must be at least 1"), ("max_tokens", self.max_tokens >= 1, "must be at least 1"),
-              ("temperature", self.temperature >= 0, "must be non-negative"), ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
-              ("top_k", self.top_k >= -1, "must be -1 or 0 (off), or positive"),
-              ("stop", len(self.stop) <= MAX_STOP_STRINGS, f"takes at most {MAX_STOP_STRINGS} strings"),
-              ("stop", all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN for s in self.stop),
-               f"strings must be non-empty and at most {MAX_STOP_LEN} characters")]
-    for name, ok, message in checks:
-      if not ok: raise ParamError(name, message)
+    if not all(type(t) is int for t in self.stop_token_ids): raise ParamError("stop_token_ids", "must be integers")
+    if len(self.stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN for s in self.stop):
+      raise ParamError("stop", f"takes at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_LEN} characters")
 
 class Status(enum.Enum): WAITING = 0; RUNNING = 1; FINISHED = 2
 

@@ -1,35 +1,22 @@
-import base64, datetime, json, os, pathlib, re, unicodedata
-import jinja2, jinja2.ext, jinja2.sandbox, sentencepiece, tiktoken
+import base64, datetime, json, os, pathlib, re
+import jinja2, jinja2.ext, jinja2.sandbox, sentencepiece, tiktoken, tokenizers
 
-# Meta's Llama 3 split regex (the ranks file does not carry it); GPT2_PAT is what a ByteLevel pre-tokenizer with use_regex splits on
+# Meta's Llama 3 split regex (the ranks file does not carry it)
 LLAMA3_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-GPT2_PAT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
 def _name(tok): return tok.get("content") if isinstance(tok, dict) else tok
 def _text(c): return c if c is None or isinstance(c, str) else "\n".join(p["text"] for p in c if p.get("type") == "text")  # vLLM joins parts
 def _raise(msg): raise jinja2.exceptions.TemplateError(msg)
 
-def _byte_level_bpe(tj:dict, model_dir:str):
-  """HF byte-level BPE tokenizer.json -> tiktoken (pattern, ranks, added tokens, special ids). Ids double as ranks: merged tokens are
-  numbered in merge order, so tiktoken's lowest-rank-first merging gives the ids of HF's merge list."""
-  pres = (pre := tj.get("pre_tokenizer") or {}).get("pretokenizers", [pre])
-  if tj.get("model", {}).get("type") != "BPE" or not any(p.get("type") == "ByteLevel" for p in pres):
-    raise ValueError(f"{model_dir}: tokenizer.json is not a byte-level BPE tokenizer, and there is no tokenizer.model")
-  pat = next((p["pattern"].get("Regex") or re.escape(p["pattern"]["String"]) for p in pres if p.get("type") == "Split"), GPT2_PAT)
-  # GPT-2 writes each byte as a printable char: printable latin-1 bytes stand for themselves, the others are moved to chr(256+n)
-  bs = [*range(33, 127), *range(161, 173), *range(174, 256)]
-  u2b = {chr(b): b for b in bs} | {chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in bs)}
-  added, skip = {a["content"]: a["id"] for a in tj.get("added_tokens", [])}, {a["id"] for a in tj.get("added_tokens", []) if a["special"]}
-  return pat, {bytes(u2b[c] for c in t): i for t, i in tj["model"]["vocab"].items() if i not in added.values()}, added, skip
-
 class Tokenizer:
-  """sentencepiece, Llama 3 tiktoken ranks or HF byte-level BPE tokenizer.json, with HF's special-token and chat-template rules."""
+  """sentencepiece, Llama 3 tiktoken ranks or any HF tokenizer.json (run by HF's own `tokenizers`), with HF's special-token and
+  chat-template rules."""
   def __init__(self, model_dir:str):
     cfg, stm = _json(model_dir, "tokenizer_config.json"), _json(model_dir, "special_tokens_map.json")
     dec, path = cfg.get("added_tokens_decoder", {}), os.path.join(model_dir, "tokenizer.model")
     added, skip = {v["content"]: int(k) for k, v in dec.items()}, {int(k) for k, v in dec.items() if v["special"]}
-    self.sp, self.nfc, fmt_bos, add_bos, name = None, False, None, True, os.path.basename(model_dir)
+    self.sp, self.hf, fmt_bos, add_bos, name = None, None, None, True, os.path.basename(model_dir)
     if os.path.isfile(path) and re.match(rb"[A-Za-z0-9+/=]+ \d+\r?\n", data := pathlib.Path(path).read_bytes()):  # Llama 3: "<base64> <rank>" lines
       ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in data.splitlines() if line.strip())}
       self.enc = tiktoken.Encoding(name, pat_str=LLAMA3_PAT, mergeable_ranks=ranks, special_tokens=added)
@@ -39,15 +26,16 @@ class Tokenizer:
       added, skip, fmt_bos = ctl | added, skip | set(ctl.values()), sp.id_to_piece(sp.bos_id()) if sp.bos_id() >= 0 else None
       stm.setdefault("eos_token", sp.id_to_piece(sp.eos_id()) if sp.eos_id() >= 0 else None)
     elif os.path.isfile(path := os.path.join(model_dir, "tokenizer.json")):
-      pat, ranks, added, skip = _byte_level_bpe(tj := _json(path), model_dir)
-      self.enc = tiktoken.Encoding(name, pat_str=pat, mergeable_ranks=ranks, special_tokens=added)
-      self.nfc, pp = (tj.get("normalizer") or {}).get("type") == "NFC", tj.get("post_processor") or {}  # Qwen2 normalizes to NFC
-      # HF adds BOS with a TemplateProcessing post-processor ("<bos> $A"), not with a flag
-      single = next((p["single"] for p in pp.get("processors", [pp]) if p.get("type") == "TemplateProcessing"), [{}])
-      add_bos = (fmt_bos := single[0].get("SpecialToken", {}).get("id")) is not None
+      try: self.hf = hf = tokenizers.Tokenizer.from_file(path)
+      except Exception as e: raise ValueError(f"{model_dir}: tokenizer.json could not be read ({e})") from None
+      added = {t.content: i for i, t in hf.get_added_tokens_decoder().items()}
+      skip = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+      # HF adds BOS in the post-processor ("<bos> $A"), not with a flag: what it adds to an empty text is the BOS
+      add_bos = (fmt_bos := next(iter(hf.encode("").tokens), None)) is not None
     else: raise FileNotFoundError(f"no tokenizer in {model_dir}: expected tokenizer.model (sentencepiece or tiktoken ranks) or tokenizer.json")
     self.specials, self.skip = added, skip
-    self.vocab_size = max([self.sp.get_piece_size() if self.sp else self.enc.n_vocab, *(i + 1 for i in added.values())])
+    base_vocab = self.sp.get_piece_size() if self.sp else self.hf.get_vocab_size() if self.hf else self.enc.n_vocab
+    self.vocab_size = max([base_vocab, *(i + 1 for i in added.values())])
     self.special_re = re.compile("(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True))) + ")") if added else None
     self.bos_token, self.eos_token = _name(cfg.get("bos_token", stm.get("bos_token", fmt_bos))), _name(cfg.get("eos_token", stm.get("eos_token")))
     self.bos_id = added.get(self.bos_token)
@@ -64,8 +52,8 @@ class Tokenizer:
     self.chat_template = env.from_string(tmpl) if tmpl else None
 
   def encode(self, text:str, add_special_tokens:bool=True) -> list[int]:
-    if self.nfc: text = unicodedata.normalize("NFC", text)
-    if self.sp is None: ids = self.enc.encode(text, allowed_special="all")
+    if self.hf: ids = self.hf.encode(text, add_special_tokens=False).ids
+    elif self.sp is None: ids = self.enc.encode(text, allowed_special="all")
     else:  # split out special-token strings (re.split puts them at odd indices) as HF's Llama tokenizer does
       parts = self.special_re.split(text) if self.special_re else [text]
       ids = [i for j, p in enumerate(parts) for i in ([self.specials[p]] if j % 2 else self.sp.encode(p))]
@@ -73,7 +61,7 @@ class Tokenizer:
 
   def decode(self, ids:list[int]) -> str:
     ids = [i for i in ids if i not in self.skip and 0 <= i < self.vocab_size]  # ids past the vocab: padded embedding rows
-    return self.sp.decode(ids) if self.sp else self.enc.decode(ids)
+    return (self.sp or self.hf or self.enc).decode(ids)
 
   def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True) -> str:
     messages = [m | {"content": _text(m["content"])} if "content" in m else m for m in messages]
