@@ -18,7 +18,7 @@ from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import BUNDLED_MODEL, select_device
 
-ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "block_size", "enforce_eager", "attention", "max_model_len", "dtype", "beam")
+ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "block_size", "enforce_eager", "max_model_len", "dtype", "beam")
 
 def model_folder(args) -> tuple[str | None, str]:
   """(model folder, load_format) for the engine."""
@@ -140,7 +140,6 @@ def main():
   p.add_argument("--temperature", type=float, default=0.6)
   p.add_argument("--kv-cache-memory", type=float, help="GB for the KV pool")
   p.add_argument("--enforce-eager", action="store_true", default=None)
-  p.add_argument("--attention", choices=["kernel", "gather"])
   p.add_argument("--dtype")
   p.add_argument("--beam", type=int, help="BEAM width for the decode graphs (searched once, cached in tinygrad's cache.db)")
   p.add_argument("--copy-gib", type=float, default=1.0, help="latency: buffer size of the bandwidth test")

@@ -28,7 +28,7 @@ def attention_case(name, S, ctx, prefill, H, KVH, D, BS, dt):
   q, k, v = [Tensor.uniform(N, h, D, dtype=dt).realize() for h in (H, KVH, KVH)]
   for label, lo, hi in (("kernel only", 1, 0), ("kernel on cached prefix + dense in-step", 0, 1 << 30)):
     A.DENSE_MIN, A.DENSE_MAX = lo, hi
-    f = TinyJit(lambda q, k, v: A.paged_attention(q, k, v, kp, vp, bt, ts, pos, cached, BS, True).realize())
+    f = TinyJit(lambda q, k, v: A.paged_attention(q, k, v, kp, vp, bt, ts, pos, cached, BS).realize())
     print(f"attention {name}, {label}: {best_time(f, q, k, v)*1e6:.1f} us per layer", flush=True)
 
 def mlp_case(N, Dm, I, dt):

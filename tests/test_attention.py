@@ -39,17 +39,17 @@ def ref_attention(q, kp, vp, bt, ts, cl):
       out[n, h] = (p / p.sum()) @ vp[sl, h // G]
   return out
 
-MODES = {"gather": (False, 0), "kernel": (True, 0), "kernel+dense": (True, 4096)}   # (use_kernel, DENSE_MAX); DENSE_MIN is set to 0
+MODES = {"kernel": 0, "kernel+dense": 4096}   # DENSE_MAX (DENSE_MIN is set to 0): the kernel alone, or with in-step dense attention
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("G,D,dt", [(1, 8, dtypes.float32), (2, 64, dtypes.float16), (4, 128, dtypes.float32), (4, 8, dtypes.float16),
                                     (2, 128, dtypes.float16)])
 def test_paged_attention(mode, G, D, dt, monkeypatch):
-  (use_kernel, dense_max), rng = MODES[mode], np.random.default_rng(D + G)
+  dense_max, rng = MODES[mode], np.random.default_rng(D + G)
   monkeypatch.setattr(attention, "DENSE_MIN", 0); monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
   kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
-  step = TinyJit(lambda q, k, v, bt, ts, pos, cached: paged_attention(q, k, v, kpool, vpool, bt, ts, pos, cached, BS, use_kernel).realize())
+  step = TinyJit(lambda q, k, v, bt, ts, pos, cached: paged_attention(q, k, v, kpool, vpool, bt, ts, pos, cached, BS).realize())
   for _ in range(4):   # eager, capture, 2 replays; new tables / lengths / row mix every call
     bt, ts, cl, cached, n_real = make_step(rng)
     slots = bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS   # the step's own K/V are already in the pool
@@ -59,17 +59,17 @@ def test_paged_attention(mode, G, D, dt, monkeypatch):
     np.testing.assert_allclose(out.numpy()[:n_real], ref_attention(q, kp, vp, bt, ts, cl)[:n_real], atol=TOL[dt], rtol=0)
   assert step.cnt == 4
 
-@pytest.mark.parametrize("mode,dt", [("gather", dtypes.float32), ("kernel", dtypes.float16), ("kernel+dense", dtypes.float16)])
+@pytest.mark.parametrize("mode,dt", [("kernel", dtypes.float32), ("kernel", dtypes.float16), ("kernel+dense", dtypes.float16)])
 def test_kv_write_then_attention(mode, dt, monkeypatch):
   # the runner's pattern: pools are long-lived buffers, each step writes new K/V at its slots, then attends through the returned pools
-  (use_kernel, dense_max), D, rng = MODES[mode], 8, np.random.default_rng(0)
+  dense_max, D, rng = MODES[mode], 8, np.random.default_rng(0)
   monkeypatch.setattr(attention, "DENSE_MIN", 0); monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
   kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
   @TinyJit
   def step(slots, k, v, q, bt, ts, pos, cached):
     kp2, vp2 = kv_write(kpool, vpool, slots, k, v)
-    return paged_attention(q, k, v, kp2, vp2, bt, ts, pos, cached, BS, use_kernel).realize()
+    return paged_attention(q, k, v, kp2, vp2, bt, ts, pos, cached, BS).realize()
   for _ in range(4):
     bt, ts, cl, cached, n_real = make_step(rng)
     # each real row writes its own position (token ts[n] at ctx_len-1); padding rows (-1) carry junk that must not land anywhere

@@ -6,8 +6,8 @@ from tinyvllm.config import BUNDLED_MODEL
 REF = json.load(open(os.path.join(os.path.dirname(__file__), "data", "reference.json")))["cases"]
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
 
-@pytest.fixture(scope="module", params=["gather", "kernel"])
-def llm(request): return LLM(attention=request.param, max_num_seqs=32, max_num_batched_tokens=64)
+@pytest.fixture(scope="module")
+def llm(): return LLM(max_num_seqs=32, max_num_batched_tokens=64)
 
 def test_greedy_matches_transformers_reference(llm):
   outs = llm.generate([c["prompt_token_ids"] for c in REF], GREEDY, use_tqdm=False)
@@ -51,7 +51,7 @@ def test_prefix_cache_hits_give_identical_output(llm):
   hits = bm.hits
   again = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
   assert bm.hits - hits >= (len(prompt) - 1) // 16 * 16 and again == first
-  uncached = LLM(enable_prefix_caching=False, enforce_eager=True, attention="gather")
+  uncached = LLM(enable_prefix_caching=False, enforce_eager=True)
   assert uncached.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == first
 
 def test_abort_returns_every_block(llm):
@@ -85,8 +85,8 @@ def tiny_llama(tmp_path_factory):   # a random fp32 Llama with stories260K's tok
 
 def test_preemption_with_tiny_pool_keeps_outputs(tiny_llama):
   prompts, params = mixed_prompts(32, 512, 2), SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-  roomy = LLM(tiny_llama, attention="gather", max_num_seqs=32, max_num_batched_tokens=64)
-  tight = LLM(tiny_llama, attention="gather", max_num_seqs=32, max_num_batched_tokens=64, kv_cache_memory=40.5 * 4096 / 1e9)   # 40 blocks of 2 layers x K,V x 16 slots x 1 head x 16 dims x fp32
+  roomy = LLM(tiny_llama, max_num_seqs=32, max_num_batched_tokens=64)
+  tight = LLM(tiny_llama, max_num_seqs=32, max_num_batched_tokens=64, kv_cache_memory=40.5 * 4096 / 1e9)   # 40 blocks of 2 layers x K,V x 16 slots x 1 head x 16 dims x fp32
   assert tight.engine.block_manager.num_blocks == 40
   alone = [roomy.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts[:6]]
   together = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]

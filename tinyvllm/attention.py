@@ -73,36 +73,28 @@ def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[T
   return to_nh(m)[..., 0], to_nh(p.sum(-1, keepdim=True))[..., 0], to_nh(acc)
 
 def paged_attention(q:Tensor, k:Tensor, v:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor, token_seq:Tensor, positions:Tensor,
-                    cached_lens:Tensor, block_size:int, use_kernel:bool) -> Tensor:
+                    cached_lens:Tensor, block_size:int) -> Tensor:
   """q (N, H, D) -> (N, H, D): token n (at positions[n] of sequence token_seq[n], whose block_tables (S, MAXB) row maps positions to pool
   slots) attends to positions 0..positions[n]. The pools already hold this step's k, v (N, KVH, D); cached_lens[n] = how many of the
   sequence's positions came from earlier steps (the step's own tokens of a sequence are consecutive rows, as vLLM flattens varlen batches)."""
   (N, H, D), KVH, ctx_lens = q.shape, k_pool.shape[1], positions + 1
   assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
-  if use_kernel:
-    # vLLM's split of prefill and decode attention: in prefill-sized steps the kernel reads only the cached prefix and the step's own tokens
-    # meet through tensor-core matmuls. Smaller steps are mostly decodes (one in-step token each: the kernel alone is cheaper), and the
-    # (N, N) scores of larger ones grow quadratically, so those read everything through the kernel.
-    dense = DENSE_MIN <= N <= DENSE_MAX
-    # enough chunks to fill the GPU at small batches, few enough that the partial results stay small for prefill-sized steps
-    C, f32 = max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8))), dtypes.float
-    fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[q.device].renderer.has_local)
-    # with a one-row table token_seq is provably 0 and tinygrad drops it from the kernel's parameters, but tinygrad 0.14's CUDA graph still
-    # passes every buffer, and building the graph fails ("invalid argument"): a second row keeps the signature whole
-    if block_tables.shape[0] == 1: block_tables = block_tables.pad(((0, 1), None))
-    # one output buffer holds each chunk's partial result: [acc (D), m, l]
-    part = Tensor.empty(N, H, C, D + 2, dtype=f32, device=q.device).custom_kernel(q, k_pool, v_pool, block_tables, token_seq,
-                                                                                  cached_lens if dense else ctx_lens, fxn=fxn)[0]
-    m, l, acc = part[..., D], part[..., D+1], part[..., :D]
-    if dense:
-      dm, dl, dacc = in_step_attention(q, k, v, token_seq)
-      m, l, acc = m.cat(dm.unsqueeze(-1), dim=-1), l.cat(dl.unsqueeze(-1), dim=-1), acc.cat(dacc.unsqueeze(2), dim=2)
-    w = (m - m.max(-1, keepdim=True)).exp()   # each partial's weight; an empty chunk (m = -inf) weighs 0
-    return ((acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(-1).unsqueeze(-1)).cast(q.dtype)
-  # portable reference: gather each token's slot ids from its block-table row, mask positions >= ctx_len, plain SDPA in float32
-  T = block_tables.shape[1] * block_size
-  slots = (block_tables[token_seq] * block_size).reshape(N, -1, 1) + Tensor.arange(block_size).to(q.device).reshape(1, 1, block_size)
-  kg, vg = (pool[slots.reshape(N, T)].float().transpose(1, 2) for pool in (k_pool, v_pool))   # (N, KVH, T, D)
-  mask = (Tensor.arange(T).to(q.device).reshape(1, T) < ctx_lens.reshape(N, 1)).reshape(N, 1, 1, T)
-  out = q.float().reshape(N, H, 1, D).scaled_dot_product_attention(kg, vg, attn_mask=mask, enable_gqa=True)
-  return out.reshape(N, H, D).cast(q.dtype)
+  # vLLM's split of prefill and decode attention: in prefill-sized steps the kernel reads only the cached prefix and the step's own tokens
+  # meet through tensor-core matmuls. Smaller steps are mostly decodes (one in-step token each: the kernel alone is cheaper), and the
+  # (N, N) scores of larger ones grow quadratically, so those read everything through the kernel.
+  dense = DENSE_MIN <= N <= DENSE_MAX
+  # enough chunks to fill the GPU at small batches, few enough that the partial results stay small for prefill-sized steps
+  C, f32 = max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8))), dtypes.float
+  fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[q.device].renderer.has_local)
+  # with a one-row table token_seq is provably 0 and tinygrad drops it from the kernel's parameters, but tinygrad 0.14's CUDA graph still
+  # passes every buffer, and building the graph fails ("invalid argument"): a second row keeps the signature whole
+  if block_tables.shape[0] == 1: block_tables = block_tables.pad(((0, 1), None))
+  # one output buffer holds each chunk's partial result: [acc (D), m, l]
+  part = Tensor.empty(N, H, C, D + 2, dtype=f32, device=q.device).custom_kernel(q, k_pool, v_pool, block_tables, token_seq,
+                                                                                cached_lens if dense else ctx_lens, fxn=fxn)[0]
+  m, l, acc = part[..., D], part[..., D+1], part[..., :D]
+  if dense:
+    dm, dl, dacc = in_step_attention(q, k, v, token_seq)
+    m, l, acc = m.cat(dm.unsqueeze(-1), dim=-1), l.cat(dl.unsqueeze(-1), dim=-1), acc.cat(dacc.unsqueeze(2), dim=2)
+  w = (m - m.max(-1, keepdim=True)).exp()   # each partial's weight; an empty chunk (m = -inf) weighs 0
+  return ((acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(-1).unsqueeze(-1)).cast(q.dtype)

@@ -17,14 +17,12 @@ class Config:
   kv_cache_memory: float | None = None   # GB for the KV pool; None = a share of free device memory where tinygrad can tell
   enable_prefix_caching: bool = True     # share the KV blocks of equal prompt prefixes across requests
   enforce_eager: bool = False            # no TinyJit graphs, for debugging
-  attention: str = "kernel"              # "kernel" (custom UOp paged attention) or "gather" (plain tinygrad ops, the portable reference)
   seed: int = 0                          # seeds the per-request seeds of requests that don't set one, so offline runs are repeatable
   beam: int = 0                          # BEAM width for the decode graphs' kernels (tinygrad's BEAM), searched once and kept in its cache.db
   def __post_init__(self):
     positive = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory")
     if bad := [name for name in positive if getattr(self, name) is not None and not getattr(self, name) > 0]:
       raise ValueError(f"{', '.join(bad)} must be positive (leave unset for the default)")
-    if self.attention not in ("kernel", "gather"): raise ValueError(f"attention must be 'kernel' or 'gather', got {self.attention!r}")
 
 def model_path(model:str|None) -> str:
   """A local folder as it is; otherwise a Hugging Face hub id, downloaded once into the hub's cache as vLLM does."""

@@ -69,7 +69,7 @@ class ModelRunner:
     def attention(layer:int, q:Tensor, k:Tensor, v:Tensor) -> Tensor:
       k_pool, v_pool = kv_write(*self.kv[layer], inputs["slots"], k, v)
       return paged_attention(q, k, v, k_pool, v_pool, block_tables, inputs["token_seq"], inputs["positions"], inputs["cached_lens"],
-                             self.config.block_size, self.config.attention == "kernel")
+                             self.config.block_size)
     hidden = self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]]   # only rows that sample need the LM head
     logits = (hidden @ self.model.lm_head.T).float()
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
