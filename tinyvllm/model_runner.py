@@ -1,4 +1,4 @@
-import functools, itertools, logging, numpy as np
+import functools, itertools, logging, numpy as np, llguidance.numpy
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config
@@ -44,6 +44,7 @@ class ModelRunner:
     top = max(config.max_num_batched_tokens, config.max_num_seqs)
     self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
     self.graphs: dict[int, TinyJit] = {}
+    self.all_allowed: dict[int, Tensor] = {}   # per row count: the bitmask of a batch without grammars, on device once, never uploaded again
 
   def pick_dtype(self, hf_config:dict):
     """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
@@ -63,7 +64,7 @@ class ModelRunner:
     cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
     return 0.9 * free.value / 1e9
 
-  def forward(self, step_buffer:Tensor, num_tokens:int, num_rows:int) -> Tensor:
+  def forward(self, step_buffer:Tensor, allowed:Tensor, num_tokens:int, num_rows:int) -> Tensor:
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     def attention(layer:int, q:Tensor, k:Tensor, v:Tensor) -> Tensor:
@@ -73,7 +74,7 @@ class ModelRunner:
     hidden = self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]]   # only rows that sample need the LM head
     logits = (hidden @ self.model.lm_head.T).float()
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
-    return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], inputs["top_k"], floats("top_p")).contiguous()
+    return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], inputs["top_k"], floats("top_p"), allowed).contiguous()
 
   def run(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None) -> list[int]:
     """Computes k tokens of each (seq, k); returns one sampled token for every sequence whose last token was computed, in batch order."""
@@ -106,12 +107,21 @@ class ModelRunner:
     rows["top_k"][:num_sampled] = np.where(top_k[sampling] > 0, np.minimum(top_k[sampling], vocab_size), vocab_size)
     rows["temperatures"][:num_sampled] = temperature[sampling].view(np.int32)
     rows["top_p"][:num_sampled] = top_p[sampling].view(np.int32)
-    step_buffer = Tensor(step_buffer)
-    if self.config.enforce_eager: out = self.forward(step_buffer, num_tokens, num_rows)
+    allowed = self.grammar_masks([seq for (seq, _), samples in zip(batch, sampling) if samples], num_rows, vocab_size)
+    if self.config.enforce_eager: out = self.forward(Tensor(step_buffer), allowed, num_tokens, num_rows)
     else:
       graph = self.graphs.setdefault(num_tokens, TinyJit(functools.partial(self.forward, num_tokens=num_tokens, num_rows=num_rows)))
-      out = graph(step_buffer)
+      out = graph(Tensor(step_buffer), allowed)
     return out.tolist()[:num_sampled]
+
+  def grammar_masks(self, sampled:list[Sequence], num_rows:int, vocab_size:int) -> Tensor:
+    """Each sampled row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
+    if not any(seq.matcher for seq in sampled):
+      return self.all_allowed.setdefault(num_rows, Tensor.full((num_rows, -(-vocab_size // 32)), -1, dtype=dtypes.int32).contiguous().realize())
+    words = llguidance.numpy.allocate_token_bitmask(num_rows, vocab_size)
+    for row, seq in enumerate(sampled):
+      if seq.matcher: llguidance.numpy.fill_next_token_bitmask(seq.matcher, words, row)
+    return Tensor(words)
 
   def capture_graphs(self):
     """Capture every step graph before serving (a TinyJit compiles on its first call and records on its second), so no request pays
