@@ -43,8 +43,7 @@ class ModelRunner:
     self.max_blocks = -(-self.max_model_len // block_size)
     top = max(config.max_num_batched_tokens, config.max_num_seqs)
     self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
-    self.graphs: dict[int, TinyJit] = {}
-    self.all_allowed: dict[int, Tensor] = {}   # per row count: the bitmask of a batch without grammars, on device once, never uploaded again
+    self.graphs: dict[tuple, TinyJit] = {}
 
   def pick_dtype(self, hf_config:dict):
     """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
@@ -54,7 +53,7 @@ class ModelRunner:
     dtype = getattr(dtypes, name := name if self.config.dtype == "auto" else self.config.dtype)
     try: (Tensor([1.5], dtype=dtype) * 2).realize()
     except Exception as e:
-      raise ValueError(f"dtype {name} does not compile on {self.device} ({type(e).__name__}); use dtype='float32' or 'float16'") from None
+      raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
     return dtype
 
   def default_kv_gb(self, enough:float) -> float:
@@ -64,7 +63,8 @@ class ModelRunner:
     cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
     return 0.9 * free.value / 1e9
 
-  def forward(self, step_buffer:Tensor, allowed:Tensor, num_tokens:int, num_rows:int) -> Tensor:
+  def forward(self, step_buffer:Tensor, num_tokens:int, num_rows:int) -> Tensor:
+    """The decoder over the step's tokens; returns the logits of the rows that sample."""
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     def attention(layer:int, q:Tensor, k:Tensor, v:Tensor) -> Tensor:
@@ -72,11 +72,17 @@ class ModelRunner:
       return paged_attention(q, k, v, k_pool, v_pool, block_tables, inputs["token_seq"], inputs["positions"], inputs["cached_lens"],
                              self.config.block_size)
     hidden = self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]]   # only rows that sample need the LM head
-    logits = (hidden @ self.model.lm_head.T).float()
-    floats = lambda name: inputs[name].bitcast(dtypes.float32)
-    return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], inputs["top_k"], floats("top_p"), allowed).contiguous()
+    return (hidden @ self.model.lm_head.T).float()
 
-  def run(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None) -> list[int]:
+  def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, num_tokens:int, num_rows:int) -> Tensor:
+    """Sampling is a graph of its own in two variants, both captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
+    several passes over the vocabulary, so a batch whose requests use none of them runs the plain one."""
+    inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
+    floats = lambda name: inputs[name].bitcast(dtypes.float32)
+    filters = () if allowed is None else (inputs["top_k"], floats("top_p"), allowed)
+    return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
+
+  def run(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered:bool=False) -> list[int]:
     """Computes k tokens of each (seq, k); returns one sampled token for every sequence whose last token was computed, in batch order."""
     block_size, vocab_size = self.config.block_size, self.hf_config["vocab_size"]
     # one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy calls per
@@ -107,18 +113,18 @@ class ModelRunner:
     rows["top_k"][:num_sampled] = np.where(top_k[sampling] > 0, np.minimum(top_k[sampling], vocab_size), vocab_size)
     rows["temperatures"][:num_sampled] = temperature[sampling].view(np.int32)
     rows["top_p"][:num_sampled] = top_p[sampling].view(np.int32)
-    allowed = self.grammar_masks([seq for (seq, _), samples in zip(batch, sampling) if samples], num_rows, vocab_size)
-    if self.config.enforce_eager: out = self.forward(Tensor(step_buffer), allowed, num_tokens, num_rows)
-    else:
-      graph = self.graphs.setdefault(num_tokens, TinyJit(functools.partial(self.forward, num_tokens=num_tokens, num_rows=num_rows)))
-      out = graph(Tensor(step_buffer), allowed)
+    sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
+    filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 for s in sampled)
+    def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
+      if self.config.enforce_eager: return fxn(*args, num_tokens=num_tokens, num_rows=num_rows)
+      return self.graphs.setdefault((graph, num_tokens), TinyJit(functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)))(*args)
+    logits = call(("model",), self.forward, step_buffer := Tensor(step_buffer))
+    out = call(("sampler", filtered), self.sample, step_buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
     return out.tolist()[:num_sampled]
 
-  def grammar_masks(self, sampled:list[Sequence], num_rows:int, vocab_size:int) -> Tensor:
+  def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
     """Each sampled row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
-    if not any(seq.matcher for seq in sampled):
-      return self.all_allowed.setdefault(num_rows, Tensor.full((num_rows, -(-vocab_size // 32)), -1, dtype=dtypes.int32).contiguous().realize())
-    words = llguidance.numpy.allocate_token_bitmask(num_rows, vocab_size)
+    words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
     for row, seq in enumerate(sampled):
       if seq.matcher: llguidance.numpy.fill_next_token_bitmask(seq.matcher, words, row)
     return Tensor(words)
@@ -127,4 +133,5 @@ class ModelRunner:
     """Capture every step graph before serving (a TinyJit compiles on its first call and records on its second), so no request pays
     for compiling or capturing one. BEAM, when asked for, tunes only the decode-sized graphs."""
     for num_tokens in tqdm(self.buckets * 2, desc="capturing step graphs"):
-      with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.run([], num_tokens)
+      with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0):
+        for filtered in (False, True): self.run([], num_tokens, filtered)
