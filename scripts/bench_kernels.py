@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Microbenchmarks behind three engine decisions, at Llama-3.2-1B shapes (bf16 on GPUs), one layer, TinyJit, best of 5 x 10 calls:
+"""Microbenchmarks behind four engine decisions, at Llama-3.2-1B shapes (bf16 on GPUs), one layer, TinyJit, best of 5 x 10 calls:
 
 1. attention: `paged_attention` as the runner calls it, the kernel reading everything vs the kernel on the cached prefix + the dense in-step
    matmuls (what DENSE_MIN / DENSE_MAX in tinyvllm/attention.py choose between), for decode and prefill steps;
 2. MLP: the down matmul reading silu(gate)*up fused into its loads vs from a contiguous buffer (and the norm made contiguous too);
 3. linear: each projection's matmul with tinygrad's default tensor-core schedule vs split over its reduction (K) into S partial matmuls
-   summed afterwards, and (--beam) with tinygrad's BEAM search.
+   summed afterwards, and (--beam) with tinygrad's BEAM search;
+4. sampler: `sample` on (R, vocab) float32 logits, plain (temperature + Gumbel-max), with a grammar bitmask, and with the mask plus
+   top-k/top-p (why the runner keeps the filtering variant in a graph of its own, used only by batches that need it).
 
   python scripts/bench_kernels.py --device CUDA
   python scripts/bench_kernels.py --device CUDA --only linear --beam 2
@@ -56,10 +58,24 @@ def linear_case(name, N, K, O, dt, beam):
     print(f"linear {name} N={N} K={K} O={O}: split {S}{f', BEAM={b}' if b else ''}{pick}: {t*1e6:.1f} us ({2*N*K*O/t/1e12:.1f} TFLOP/s)",
           flush=True)
 
+def sampler_case(R, V):
+  from tinygrad import Tensor, TinyJit, dtypes
+  from tinyvllm.sampler import sample
+  rng = np.random.default_rng(0)
+  logits = Tensor(rng.standard_normal((R, V)).astype(np.float32)).realize()
+  temperatures, seeds = Tensor(np.full(R, 0.6, np.float32)).realize(), Tensor(np.arange(R, dtype=np.int32)).realize()
+  positions = Tensor(np.arange(R, dtype=np.int32) + 100).realize()
+  top_k, top_p = Tensor(np.full(R, V, np.int32)).realize(), Tensor(np.ones(R, np.float32)).realize()
+  allowed = Tensor.full((R, -(-V // 32)), -1, dtype=dtypes.int32).contiguous().realize()
+  variants = {"plain": (), "+ grammar mask": (None, None, allowed), "+ grammar mask + top-k/top-p": (top_k, top_p, allowed)}
+  for name, filters in variants.items():
+    f = TinyJit(lambda *args, filters=filters: sample(*args, *filters).contiguous().realize())
+    print(f"sampler R={R} V={V} {name}: {best_time(f, logits, temperatures, seeds, positions)*1e3:.3f} ms", flush=True)
+
 if __name__ == "__main__":
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--device"); p.add_argument("--quick", action="store_true"); p.add_argument("--beam", type=int, default=0)
-  p.add_argument("--only", nargs="+", default=["attention", "mlp", "linear"], choices=["attention", "mlp", "linear"])
+  p.add_argument("--only", nargs="+", default=["attention", "mlp", "linear", "sampler"], choices=["attention", "mlp", "linear", "sampler"])
   p.add_argument("--linear-n", type=int, nargs="+", default=[256, 1024], help="token counts (rows) of the linear cases")
   a = p.parse_args()
   from tinyvllm.config import select_device
@@ -77,3 +93,5 @@ if __name__ == "__main__":
     shapes = [("down", 256, 64)] if a.quick else [("qkv", 2048, 3072), ("o", 2048, 2048), ("gate_up", 2048, 16384), ("down", 8192, 2048)]
     for N in ((16,) if a.quick else a.linear_n):
       for name, K, O in shapes: linear_case(name, N, K, O, dt, a.beam)
+  if "sampler" in a.only:
+    for R in ((1, 4) if a.quick else (1, 64, 256)): sampler_case(R, 512 if a.quick else 128256)
