@@ -1,7 +1,7 @@
 import enum, itertools, math, time
 from dataclasses import dataclass, field
 
-MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256   # bounds each token's stop-string search, so one request's stop list can't stall the step
+MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256   # bounds each token's stop search, so one request's stop lists can't stall the step
 
 class ParamError(ValueError):
   """A request field out of range; `param` names it, so the server's 400 can say which."""
@@ -10,7 +10,7 @@ class ParamError(ValueError):
 # vLLM's ranges: (type, check, what the check asks)
 RANGES = {"n": (int, lambda n: n >= 1, "at least 1"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
           "temperature": (float, lambda t: t >= 0, "non-negative"), "top_p": (float, lambda p: 0 < p <= 1, "in (0, 1]"),
-          "top_k": (int, lambda k: k >= -1, "-1 or 0 (off), or positive"), "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer")}
+          "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"), "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer")}
 
 def checked(name:str, value):
   """value as a finite number of the field's type in the field's range, or ParamError: JSON allows 10**309 or NaN, which would overflow
@@ -18,9 +18,9 @@ def checked(name:str, value):
   kind, ok, rule = RANGES[name]
   if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
     raise ParamError(name, "must be an integer" if kind is int else "must be a number")
-  try: value = kind(value)
+  try: finite = math.isfinite(value := kind(value))
   except OverflowError: raise ParamError(name, "is too large") from None
-  if not math.isfinite(value): raise ParamError(name, "must be finite")
+  if not finite: raise ParamError(name, "must be finite")
   if not ok(value): raise ParamError(name, f"must be {rule}")
   return value
 
@@ -42,7 +42,8 @@ class SamplingParams:
     for name in RANGES:
       if name != "seed" or self.seed is not None: setattr(self, name, checked(name, getattr(self, name)))
     self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-    if not all(type(t) is int for t in self.stop_token_ids): raise ParamError("stop_token_ids", "must be integers")
+    if len(self.stop_token_ids) > MAX_STOP_STRINGS or not all(type(t) is int for t in self.stop_token_ids):
+      raise ParamError("stop_token_ids", f"takes at most {MAX_STOP_STRINGS} integers")
     if len(self.stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN for s in self.stop):
       raise ParamError("stop", f"takes at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_LEN} characters")
 
