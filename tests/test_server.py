@@ -3,6 +3,7 @@ concurrency, error shapes, disconnects (no leaked KV blocks), /metrics, the READ
 import asyncio, contextlib, json, logging, os, re, shutil, signal, socket, subprocess, sys, threading, time, types
 from concurrent.futures import ThreadPoolExecutor
 import httpx, openai, pytest, uvicorn
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from tinyvllm.config import Config
 from tinyvllm.sequence import SamplingParams
 from tinyvllm.llm_engine import AsyncLLM
@@ -448,6 +449,60 @@ def test_every_field_is_honoured_or_rejected(srv, caplog):
   with caplog.at_level(logging.WARNING, logger="tinyvllm.serve"):
     assert post(srv, {**base, "frobnicate": 1}).status_code == 200
   assert "frobnicate" in caplog.text
+
+# ---- fuzzing: whatever the body, a 2xx or a 4xx with an OpenAI error body, and the running streams never notice -----------------------
+
+FUZZ_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop", "stop_token_ids",
+               "stream", "stream_options", "ignore_eos", "include_stop_str_in_output", "user", "logprobs", "top_logprobs", "tools", "tool_choice",
+               "response_format", "presence_penalty", "frequency_penalty", "logit_bias", "min_p", "best_of", "chat_template", "frobnicate", ""]
+EXTREMES = st.sampled_from([10**309, -10**309, 2**63, 2**64, -2**63 - 1, 1e308, -1e308, 5e-324, float("nan"), float("inf"), -float("inf")])
+LEAVES = st.none() | st.booleans() | st.integers(-3, 3) | EXTREMES | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=10)
+JSON_VALUES = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+PLAUSIBLE = st.integers(0, 40) | st.floats(0, 1.5) | st.booleans() | st.lists(st.text(min_size=1, max_size=3), max_size=3)
+HUGE_VALUES = st.sampled_from([["stop"] * 20_000, list(range(50_000)), "x" * 300_000, [{"role": "user", "content": "hi"}] * 5_000])
+MESSAGES = st.just(MSGS) | st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]) | JSON_VALUES,
+                                                           "content": st.text(max_size=40) | JSON_VALUES}), min_size=1, max_size=3)
+JSON_BODIES = st.builds(lambda messages, fields: json.dumps({"messages": messages, "max_tokens": 2, "max_completion_tokens": 2, **fields}).encode(),
+                        MESSAGES, st.dictionaries(st.sampled_from(FUZZ_FIELDS), JSON_VALUES | PLAUSIBLE | PLAUSIBLE | HUGE_VALUES, max_size=3))
+RAW_BODIES = st.binary(max_size=64) | st.sampled_from([b"", b"{", b"null", b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{}",
+                                                       b'{"messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+                                                       b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 1e999}'])
+CONTENT_TYPES = st.sampled_from(["application/json"] * 12 + ["application/json; charset=utf-8", None, "text/plain", "application/x-www-form-urlencoded", ""])
+
+def assert_well_formed(r:httpx.Response):
+  """A 2xx with a completion or a finished stream, or a 4xx with OpenAI's error body; never a 5xx."""
+  assert r.status_code < 500, (r.status_code, r.text[:300])
+  if r.status_code >= 400:
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str), r.text[:300]
+  elif r.headers["content-type"].startswith("text/event-stream"):
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert r.status_code == 200 and events[-1] == "[DONE]" and not any('"error"' in e[:10] for e in events), r.text[-300:]
+  else: assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text[:300]
+
+def test_fuzzed_bodies_get_a_4xx_and_hurt_no_one(srv):
+  """Bodies with wrong types, huge numbers, NaN, huge lists, deep nesting, unknown fields and wrong content types: every response is a 2xx
+  or a 4xx with an OpenAI error body, never a 5xx, and the streams opened before the fuzzing finish with the same text as when run alone."""
+  longest = srv.llm.engine.config.max_model_len - len(srv.tok.encode_chat(MSGS))
+  steady = [{"messages": MSGS, "max_tokens": longest, "temperature": 0, "ignore_eos": True},
+            {"messages": MSGS, "max_tokens": longest, "temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 5, "ignore_eos": True}]
+  alone = [streamed_text(stream_events(srv, body)) for body in steady]
+  client = httpx.Client(base_url=srv.url, timeout=60)
+
+  @settings(max_examples=80, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+  @given(body=st.one_of(JSON_BODIES, JSON_BODIES, JSON_BODIES, RAW_BODIES), content_type=CONTENT_TYPES)
+  @example(body=json.dumps({"messages": MSGS, "max_tokens": 2, "temperature": 10**309}).encode(), content_type="application/json")
+  @example(body=json.dumps({"messages": MSGS, "max_tokens": 2, "top_k": 2**63}).encode(), content_type="application/json")
+  @example(body=json.dumps({"messages": MSGS, "max_tokens": 2, "stop": ["x"] * 10_000}).encode(), content_type="application/json")
+  def fuzz(body, content_type):
+    assert_well_formed(client.post("/v1/chat/completions", content=body, headers={"content-type": content_type} if content_type is not None else {}))
+
+  with contextlib.ExitStack() as stack:
+    running = [stack.enter_context(stream_in_flight(srv, body)) for body in steady]
+    try: fuzz()
+    finally: client.close()
+  assert [streamed_text(stream.result()) for stream in running] == alone
+  wait_idle(srv)
 
 def readme_blocks(lang, keep):
   readme = open(os.path.join(ROOT, "README.md")).read() if os.path.exists(os.path.join(ROOT, "README.md")) else ""
