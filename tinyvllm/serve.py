@@ -14,10 +14,9 @@ from tinyvllm.llm_engine import AsyncLLM, EngineError
 
 MAX_BODY = 1 << 20
 log = logging.getLogger("tinyvllm.serve")
-NUMBER = (int, float)
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
 # ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
-HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": NUMBER, "top_p": NUMBER,
+HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": (int, float), "top_p": (int, float),
             "top_k": int, "seed": int, "n": int, "stop": (str, list), "stop_token_ids": list, "stream": bool, "stream_options": dict,
             "ignore_eos": bool, "include_stop_str_in_output": bool, "user": str, "safety_identifier": str, "prompt_cache_key": str}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
@@ -86,8 +85,7 @@ class OpenAIServer:
     self.registry.register(self)          # see collect()
     self.latency = {name: Histogram(name, name.replace("_", " "), ["model_name"], registry=self.registry, buckets=edges).labels(self.model)
                     for name, edges in HISTOGRAMS.items()}
-    self.successes = Counter("vllm:request_success", "requests finished, by finish reason", ["model_name", "finished_reason"],
-                             registry=self.registry)
+    self.successes = Counter("vllm:request_success", "finished requests", ["model_name", "finished_reason"], registry=self.registry)
 
   def authorize(self, request):   # every /v1 route; /health and /metrics stay open for probes and scrapers
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
@@ -148,7 +146,7 @@ class OpenAIServer:
     return prompt, params, body
 
   def account(self, out, counts:list[int]):   # per-choice token counts; on the final output, the latency metrics
-    for o in out.outputs: counts[o.index] += len(o.token_ids)
+    for output in out.outputs: counts[output.index] += len(output.token_ids)
     if not out.finished or not out.metrics: return
     times = out.metrics
     self.latency["vllm:time_to_first_token_seconds"].observe(times["first_token_time"] - times["arrival_time"])
@@ -172,8 +170,8 @@ class OpenAIServer:
             async for out in outputs:
               self.account(out, counts)
               # text can lag tokens (partial UTF-8, held-back stop-string prefixes): only send chunks that carry something
-              yield "".join(chunk([choice(o.index, o, delta={"content": o.text} if o.text else {})])
-                            for o in out.outputs if o.text or o.finish_reason)
+              yield "".join(chunk([choice(output.index, output, delta={"content": output.text} if output.text else {})])
+                            for output in out.outputs if output.text or output.finish_reason)
           except (EngineError, ValueError) as e: yield sse(engine_error(e).body())   # the 200 is sent: the error is an event, as in vLLM
           else:
             if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage())
@@ -184,7 +182,9 @@ class OpenAIServer:
       async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
         async for out in outputs:
           self.account(out, counts)
-          for o in out.outputs: texts[o.index], ends[o.index] = texts[o.index] + o.text, o if o.finish_reason else ends[o.index]
+          for output in out.outputs:
+            texts[output.index] += output.text
+            if output.finish_reason: ends[output.index] = output
     # uvicorn does not cancel a handler whose client left: watch for it, so a dropped request stops using KV blocks
     task, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
     await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
@@ -199,9 +199,8 @@ class OpenAIServer:
 
   async def models(self, request):
     self.authorize(request)
-    card = {"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "tinyvllm", "root": self.model,
-            "max_model_len": self.config.max_model_len}
-    return JSONResponse({"object": "list", "data": [card]})
+    card = {"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "tinyvllm", "root": self.model}   # no local path
+    return JSONResponse({"object": "list", "data": [{**card, "max_model_len": self.config.max_model_len}]})
 
   async def health(self, request): return Response(status_code=200 if self.llm.healthy else 503)
 
