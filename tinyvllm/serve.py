@@ -22,27 +22,22 @@ HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_t
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
 # other value is a 400 naming the field. Issue #14 turns most of them into features.
 NOT_YET = {field: no_ops for no_ops, fields in [
-  ([False], "logprobs echo store use_beam_search continue_final_message add_special_tokens return_tokens_as_token_ids"),
-  ([0], "top_logprobs presence_penalty frequency_penalty min_p min_tokens priority"), ([1], "repetition_penalty length_penalty best_of"),
-  ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens spaces_between_special_tokens"),
-  ([[]], "tools functions bad_words"), ([{}], "logit_bias metadata chat_template_kwargs"), (["none", "auto"], "tool_choice function_call"),
-  ([{"type": "text"}], "response_format"), (["auto", "default"], "service_tier"), ([["text"]], "modalities"),
-  ([], "audio prediction reasoning_effort verbosity web_search_options prompt_logprobs allowed_token_ids chat_template truncate_prompt_tokens "
-       "documents mm_processor_kwargs structured_outputs guided_json guided_regex guided_choice guided_grammar guided_decoding_backend "
-       "guided_whitespace_pattern logits_processors cache_salt kv_transfer_params vllm_xargs request_id")] for field in fields.split()}
+  ([False], "logprobs echo store use_beam_search continue_final_message"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
+  ([0], "top_logprobs presence_penalty frequency_penalty min_p min_tokens"), ([1], "repetition_penalty best_of"), ([[]], "tools functions bad_words"),
+  ([{}], "logit_bias metadata chat_template_kwargs"), (["none", "auto"], "tool_choice function_call"), ([{"type": "text"}], "response_format"),
+  (["auto", "default"], "service_tier"), ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs "
+   "allowed_token_ids chat_template structured_outputs guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
 SAMPLING = ("n", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # vLLM's metric names (so its dashboards work) over engine.stats() keys; the raw block counts let tests check for leaks
-GAUGES = {"vllm:num_requests_running": "num_running", "vllm:num_requests_waiting": "num_waiting", "vllm:kv_cache_usage_perc": "kv_cache_usage",
-          "tinyvllm:num_blocks": "num_blocks", "tinyvllm:num_free_blocks": "num_free_blocks"}
-COUNTERS = {"vllm:prefix_cache_queries": "prefix_cache_queries", "vllm:prefix_cache_hits": "prefix_cache_hits",
-            "vllm:num_preemptions": "num_preemptions", "vllm:prompt_tokens": "prompt_tokens", "vllm:generation_tokens": "generation_tokens"}
-# vLLM's latency histograms and bucket edges, so its Grafana dashboards read them unchanged
-HISTOGRAMS = {"vllm:time_to_first_token_seconds": [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                                                   20.0, 40.0, 80.0, 160.0, 640.0, 2560.0],
-              "vllm:time_per_output_token_seconds": [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                                                     20.0, 40.0, 80.0],
-              "vllm:e2e_request_latency_seconds": [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                                                   240.0, 480.0, 960.0, 1920.0, 7680.0]}
+METRICS = {"vllm:num_requests_running": "num_running", "vllm:num_requests_waiting": "num_waiting", "vllm:kv_cache_usage_perc": "kv_cache_usage",
+           "vllm:prefix_cache_queries_total": "prefix_cache_queries", "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+           "vllm:num_preemptions_total": "num_preemptions", "vllm:prompt_tokens_total": "prompt_tokens",
+           "vllm:generation_tokens_total": "generation_tokens", "tinyvllm:num_blocks": "num_blocks", "tinyvllm:num_free_blocks": "num_free_blocks"}
+# vLLM's latency histograms (vllm:NAME_seconds) and bucket edges, so its Grafana dashboards read them unchanged
+HISTOGRAMS = {"time_to_first_token": [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640,
+                                      2560],
+              "time_per_output_token": [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80],
+              "e2e_request_latency": [0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680]}
 
 class APIError(Exception):
   """OpenAI's error body: {"error": {"message", "type", "param", "code"}}; `param` names the request field at fault."""
@@ -83,8 +78,8 @@ class OpenAIServer:
     self.model = served_model_name or llm.engine.model_name
     self.registry = CollectorRegistry()   # one per app, so two servers in one process keep their own counts
     self.registry.register(self)          # see collect()
-    self.latency = {name: Histogram(name, name.replace("_", " "), ["model_name"], registry=self.registry, buckets=edges).labels(self.model)
-                    for name, edges in HISTOGRAMS.items()}
+    self.latency = {name: Histogram(f"vllm:{name}_seconds", f"Histogram of {name.replace('_', ' ')} in seconds.", ["model_name"],
+                                    registry=self.registry, buckets=edges).labels(self.model) for name, edges in HISTOGRAMS.items()}
     self.successes = Counter("vllm:request_success", "finished requests", ["model_name", "finished_reason"], registry=self.registry)
 
   def authorize(self, request):   # every /v1 route; /health and /metrics stay open for probes and scrapers
@@ -137,8 +132,7 @@ class OpenAIServer:
     except ParamError as e: raise APIError(str(e), param=max_tokens_field if e.param == "max_tokens" else e.param)
     if len(prompt) + params.max_tokens > context:
       raise APIError(f"This model's maximum context length is {context} tokens. However, you requested {len(prompt) + params.max_tokens} "
-                     f"tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion). Please reduce the length of the "
-                     "messages or completion.", param="messages")
+                     f"tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
     # n sequences take n of the batch's max_num_seqs slots for the whole request: half leaves room for everyone else
     most_n = max(1, self.config.max_num_seqs // 2)
     if params.n > most_n:
@@ -149,10 +143,10 @@ class OpenAIServer:
     for output in out.outputs: counts[output.index] += len(output.token_ids)
     if not out.finished or not out.metrics: return
     times = out.metrics
-    self.latency["vllm:time_to_first_token_seconds"].observe(times["first_token_time"] - times["arrival_time"])
-    self.latency["vllm:e2e_request_latency_seconds"].observe(times["finish_time"] - times["arrival_time"])
+    self.latency["time_to_first_token"].observe(times["first_token_time"] - times["arrival_time"])
+    self.latency["e2e_request_latency"].observe(times["finish_time"] - times["arrival_time"])
     if max(counts) > 1:   # the longest choice ends last
-      self.latency["vllm:time_per_output_token_seconds"].observe((times["finish_time"] - times["first_token_time"]) / (max(counts) - 1))
+      self.latency["time_per_output_token"].observe((times["finish_time"] - times["first_token_time"]) / (max(counts) - 1))
     self.successes.labels(self.model, out.outputs[-1].finish_reason).inc()
 
   async def chat(self, request):
@@ -208,11 +202,10 @@ class OpenAIServer:
 
   def collect(self):   # the engine's own gauges and counters, read at each scrape
     stats = self.llm.engine.stats()
-    for kind, table in ((GaugeMetricFamily, GAUGES), (CounterMetricFamily, COUNTERS)):
-      for name, key in table.items():
-        family = kind(name, key.replace("_", " "), labels=["model_name"])
-        family.add_metric([self.model], stats[key])
-        yield family
+    for name, key in METRICS.items():
+      family = (CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily)(name, key.replace("_", " "), labels=["model_name"])
+      family.add_metric([self.model], stats[key])
+      yield family
 
 def http_error(request, e:HTTPException) -> Response:
   kind = "NotFoundError" if e.status_code == 404 else "invalid_request_error"
