@@ -57,8 +57,9 @@ def choice(index:int, end:CompletionOutput|None, **content) -> dict:
   return {"index": index, **content, "logprobs": None, "finish_reason": end and end.finish_reason, "stop_reason": end and end.stop_reason}
 
 def is_text(content) -> bool:   # a string, or a list of text parts
-  parts_ok = lambda: all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content)
-  return isinstance(content, str) or isinstance(content, list) and parts_ok()
+  if isinstance(content, str): return True
+  return isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                                           for part in content)
 
 def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
 
