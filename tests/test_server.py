@@ -1,7 +1,9 @@
 """The OpenAI-compatible server against a real uvicorn on a free port (CPU, bundled stories260K): the official openai client, raw SSE,
 concurrency, error shapes, disconnects (no leaked KV blocks), /metrics, the README snippets and the CLI entry point."""
-import asyncio, json, os, re, shutil, signal, socket, subprocess, sys, threading, time, types
+import asyncio, contextlib, json, logging, os, re, shutil, signal, socket, subprocess, sys, threading, time, types
+from concurrent.futures import ThreadPoolExecutor
 import httpx, openai, pytest, uvicorn
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from tinyvllm.config import Config
 from tinyvllm.sequence import SamplingParams
 from tinyvllm.llm_engine import AsyncLLM
@@ -52,9 +54,13 @@ def engine_generate(srv, prompt_ids, **kw):
   return asyncio.run_coroutine_threadsafe(run(), srv.loop).result(60)
 
 def metrics(srv) -> dict[str, float]:
+  """Prometheus samples by name plus their labels other than model_name, in label order: 'vllm:x_bucket,le="0.5"' -> value."""
   r = httpx.get(srv.url + "/metrics", timeout=10); assert r.status_code == 200
-  return {m[1] + (m[2] or ""): float(m[3]) for m in re.finditer(r'^([\w:]+)\{model_name="[^"]*"(,[^}]*)?\} (\S+)$', r.text, re.M)} | \
-         {"_text": r.text}
+  samples = {}
+  for name, labels, value in re.findall(r'^([\w:]+)\{(.*)\} (\S+)$', r.text, re.M):
+    assert re.search(r'(^|,)model_name="[^"]*"', labels), labels
+    samples[name + "".join("," + label for label in re.findall(r'\w+="[^"]*"', labels) if not label.startswith("model_name="))] = float(value)
+  return samples | {"_text": r.text}
 
 def wait_idle(srv, timeout=60):
   deadline = time.monotonic() + timeout
@@ -109,6 +115,10 @@ def test_stop(srv):
     if stream: r = "".join(c.choices[0].delta.content or "" for c in srv.client.chat.completions.create(**kw, stop=[stop, "zzz"], stream=True))
     else: c = srv.client.chat.completions.create(**kw, stop=stop).choices[0]; r = c.message.content; assert c.finish_reason == "stop"
     assert stop not in r and r == text[:text.index(stop)]
+  # include_stop_str_in_output keeps the stop string; vLLM's stop_reason names it
+  r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MSGS, **kw["extra_body"], "max_tokens": 40, "temperature": 0, "stop": [stop],
+                                                          "include_stop_str_in_output": True}, timeout=60).json()["choices"][0]
+  assert r["message"]["content"] == text[:text.index(stop) + len(stop)] and r["stop_reason"] == stop and r["finish_reason"] == "stop"
 
 def test_seed(srv):
   texts = [srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=16, temperature=1, seed=s).choices[0].message.content
@@ -151,10 +161,12 @@ BAD = [  # (body or raw bytes, status, param)
   ({"messages": "hi"}, 400, "messages"), ({"messages": ["hi"]}, 400, "messages"),
   ({"messages": [{"role": "user", "content": 5}]}, 400, "messages"), ({"messages": [{"content": "x"}]}, 400, "messages"),
   ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
+  ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, "messages"),   # a lone surrogate: the tokenizer's C++ refuses it
   ({"temperature": "hot"}, 400, "temperature"), ({"max_tokens": "10"}, 400, "max_tokens"), ({"n": True}, 400, "n"), ({"stop": 5}, 400, "stop"),
   ({"stop": ["a", 1]}, 400, "stop"), ({"stop_token_ids": [1.5]}, 400, "stop_token_ids"), ({"stream": "yes"}, 400, "stream"),
-  ({"temperature": -1}, 400, None), ({"top_p": 0}, 400, None), ({"top_p": 1.5}, 400, None), ({"top_k": -3}, 400, None), ({"n": 0}, 400, None),
-  ({"max_tokens": 0}, 400, None), ({"stop": [""]}, 400, None), ({"n": 10**6}, 400, "n"), ({"max_tokens": 10**9}, 400, "messages"),
+  ({"temperature": -1}, 400, "temperature"), ({"top_p": 0}, 400, "top_p"), ({"top_p": 1.5}, 400, "top_p"), ({"top_k": -3}, 400, "top_k"),
+  ({"n": 0}, 400, "n"), ({"max_tokens": 0}, 400, "max_tokens"), ({"max_completion_tokens": 0}, 400, "max_completion_tokens"),
+  ({"stop": [""]}, 400, "stop"), ({"n": 10**6}, 400, "n"), ({"max_tokens": 10**9}, 400, "messages"),
   ({"messages": [{"role": "user", "content": "Once upon a time " * 200}]}, 400, "messages"),
   ({"model": "gpt-4"}, 404, "model"), ({"model": "gpt-4", "stream": True}, 404, "model"),
 ]
@@ -167,6 +179,8 @@ def test_errors(srv, body, status, param):
   assert r.status_code == status and set(err) == {"message", "type", "param", "code"} and err["message"] and err["param"] == param
   assert err["type"] == ("NotFoundError" if status == 404 else "invalid_request_error") and (status != 404 or err["code"] == 404)
   if b"10000000" in body: assert "maximum context length is 512 tokens" in err["message"] and "in the completion" in err["message"]
+  # the message is written for the client: never the whole SamplingParams, nor a library's C++ or pybind text
+  assert not re.search(r"SamplingParams\(|C\+\+|pybind|Traceback", err["message"]), err["message"]
   assert srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2).choices[0].message.content is not None
 
 @pytest.mark.parametrize("kw", [dict(top_k=10**12), dict(temperature=1e300), dict(temperature=1e-300), dict(top_p=1e-300, top_k=0),
@@ -217,6 +231,279 @@ def test_metrics(srv):
     assert buckets == sorted(buckets) and buckets[-1] == m[h + "_count"] and m[f'{h}_bucket,le="+Inf"'] == m[h + "_count"]
   assert m['vllm:request_success_total,finished_reason="length"'] > 0 and 0 <= m["vllm:kv_cache_usage_perc"] <= 1
 
+# ---- issue #13: no request can hurt another -------------------------------------------------------------------------------------------------
+
+def post(srv, body, **kw) -> httpx.Response:
+  return httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60, **kw)
+
+def chat_text(srv, messages, **kw) -> str:
+  return srv.client.chat.completions.create(model=MODEL, messages=messages, **kw).choices[0].message.content
+
+def streamed_text(events) -> str:
+  return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if isinstance(e, dict) and e.get("choices"))
+
+def stream_events(srv, body) -> list:
+  with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r: return sse(r)
+
+@contextlib.contextmanager
+def stream_in_flight(srv, body):
+  """A stream that is running (its first content arrived) while the block runs; yields a future of all its events."""
+  first, events = threading.Event(), []
+  def read():
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+      for line in r.iter_lines():
+        if line.startswith("data: "): events.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+        if streamed_text(events[-1:]): first.set()
+    first.set()
+    return events
+  with ThreadPoolExecutor(1) as pool:
+    future = pool.submit(read)
+    assert first.wait(60), "the stream did not start"
+    yield future
+
+def assert_error(r:httpx.Response, status:int, param:str|None):
+  err = r.json()["error"]
+  assert r.status_code == status and set(err) == {"message", "type", "param", "code"} and err["param"] == param, r.text
+
+NUMBERS = [("temperature", 10**309), ("temperature", -10**309), ("temperature", -0.5), ("temperature", "0.5"), ("temperature", True),
+           ("top_p", 0), ("top_p", 1.5), ("top_p", 10**309), ("top_k", -2), ("top_k", 2.5), ("top_k", 10**309), ("top_k", 2**63),
+           ("max_tokens", 0), ("max_tokens", 1.5), ("max_tokens", 10**309), ("max_completion_tokens", -1), ("seed", 2**64),
+           ("seed", -2**63 - 1), ("seed", 1.5), ("seed", 10**309), ("n", 0), ("n", 2.0), ("n", False), ("n", 10**309)]
+
+def test_numbers_are_checked_before_the_engine(srv):
+  """Every numeric field is checked for its JSON type, finiteness and vLLM's range: a bad one is a 400 naming it, and the running requests
+  never notice. 10**309 is valid JSON that overflows a float: it used to fail the engine step, and with it every request in flight."""
+  body = {"messages": MSGS, "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+  alone = streamed_text(stream_events(srv, body))
+  with stream_in_flight(srv, body) as running:
+    for field, value in NUMBERS:
+      r = post(srv, {"messages": MSGS, "max_tokens": 2, field: value})
+      assert_error(r, 400, field)
+  assert streamed_text(running.result()) == alone and running.result()[-1] == "[DONE]"
+
+def test_stop_strings_are_limited(srv):
+  """A stop list is at most MAX_STOP_STRINGS strings of at most MAX_STOP_LEN characters: 10,000 of them used to stall every request."""
+  from tinyvllm.sequence import MAX_STOP_LEN, MAX_STOP_STRINGS
+  for stop in (["x"] * 10_000, ["z"] * (MAX_STOP_STRINGS + 1), ["y" * (MAX_STOP_LEN + 1)]):
+    assert_error(post(srv, {"messages": MSGS, "max_tokens": 2, "stop": stop}), 400, "stop")
+  at_the_limits = [f"{i:03d}" + "q" * (MAX_STOP_LEN - 3) for i in range(MAX_STOP_STRINGS)]
+  assert post(srv, {"messages": MSGS, "max_tokens": 4, "stop": at_the_limits}).status_code == 200
+
+def test_n_is_capped_and_leaves_room_for_others(srv):
+  """n is at most half of max_num_seqs, with a 400 that says why; while a request with the largest n runs, others are admitted and finish."""
+  most = srv.llm.engine.config.max_num_seqs // 2
+  r = post(srv, {"messages": MSGS, "max_tokens": 2, "n": most + 1})
+  assert_error(r, 400, "n")
+  assert f"at most {most}" in r.json()["error"]["message"] and "max_num_seqs" in r.json()["error"]["message"]
+  others = [[{"role": "user", "content": f"The {animal} went to school."}] for animal in ("dog", "cat", "bird", "frog")]
+  alone = [chat_text(srv, m, max_tokens=8, temperature=0) for m in others]
+  longest = srv.llm.engine.config.max_model_len - len(srv.tok.encode_chat(MSGS))
+  with stream_in_flight(srv, {"messages": MSGS, "n": most, "max_tokens": longest, "ignore_eos": True}) as large:
+    with ThreadPoolExecutor(len(others)) as pool:
+      assert list(pool.map(lambda m: chat_text(srv, m, max_tokens=8, temperature=0), others)) == alone
+    assert not large.done(), "the large-n request should still be running"
+  assert sum(1 for e in large.result() if isinstance(e, dict) and e["choices"] and e["choices"][0]["finish_reason"]) == most
+  wait_idle(srv)
+
+def test_running_metric_counts_requests(srv):
+  """vllm:num_requests_running counts requests, as vLLM does: one request with n=4 is one, not four."""
+  wait_idle(srv)
+  longest = srv.llm.engine.config.max_model_len - len(srv.tok.encode_chat(MSGS))
+  with stream_in_flight(srv, {"messages": MSGS, "n": 4, "max_tokens": longest, "ignore_eos": True}) as running:
+    assert metrics(srv)["vllm:num_requests_running"] == 1 and not running.done()
+  wait_idle(srv)
+
+@contextlib.contextmanager
+def failing_step(srv, messages):
+  """Fault injection into the real engine: the first step whose batch holds this prompt waits for `release`, then raises as a driver
+  would. Requests sent while it waits are not in that step."""
+  marked, run = srv.tok.encode_chat(messages), srv.llm.engine.runner.run
+  fault = types.SimpleNamespace(hit=threading.Event(), release=threading.Event())
+  def run_or_fail(batch, *args, **kw):
+    if not fault.hit.is_set() and any(seq.prompt_token_ids == marked for seq, _ in batch):
+      fault.hit.set(); fault.release.wait(30)
+      raise RuntimeError("CUDA error: an illegal memory access was encountered (C++ frame 0xdeadbeef)")
+    return run(batch, *args, **kw)
+  srv.llm.engine.runner.run = run_or_fail
+  try: yield fault
+  finally: fault.release.set(); srv.llm.engine.runner.run = run
+
+def test_a_failing_step_fails_only_its_requests(srv):
+  """An exception inside an engine step fails the requests in that step: a stream gets an OpenAI-shaped error event, then [DONE]; a
+  non-streaming request a JSON 500. Neither shows the raw exception. Requests outside that step finish with their normal text, and the
+  server keeps serving."""
+  bystanders = [[{"role": "user", "content": f"The {animal} ran home."}] for animal in ("dog", "cat")]
+  alone = [chat_text(srv, m, max_tokens=12, temperature=0) for m in bystanders]
+  for stream in (True, False):
+    victim = [{"role": "user", "content": f"This one meets a broken GPU (stream={stream})."}]
+    wait_idle(srv)
+    with failing_step(srv, victim) as fault, ThreadPoolExecutor(3) as pool:
+      failed = pool.submit(post, srv, {"messages": victim, "max_tokens": 12, "stream": stream})
+      assert fault.hit.wait(30)
+      streamed = pool.submit(lambda: streamed_text(stream_events(srv, {"messages": bystanders[0], "max_tokens": 12, "temperature": 0})))
+      plain = pool.submit(chat_text, srv, bystanders[1], max_tokens=12, temperature=0)
+      time.sleep(0.5)   # the bystanders reach the engine's inbox while the failing step holds the engine thread
+      fault.release.set()
+      r = failed.result()
+      assert [streamed.result(), plain.result()] == alone
+    if stream:
+      events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+      assert r.status_code == 200 and events[-1] == "[DONE]"
+      r = httpx.Response(500, content=events[-2])   # the event before [DONE] is the error body
+    assert_error(r, 500, None)
+    assert r.json()["error"]["code"] == 500 and not re.search("CUDA|C\\+\\+|0xdeadbeef|Traceback", r.text)
+  assert httpx.get(srv.url + "/health").status_code == 200 and chat_text(srv, bystanders[0], max_tokens=12, temperature=0) == alone[0]
+  wait_idle(srv)
+
+def test_health_says_503_when_the_engine_cannot_recover(srv):
+  """When even an empty step fails after a fault, the engine cannot recover: /health is 503, and new requests get a 503 at once."""
+  run = srv.llm.engine.runner.run
+  def broken(*args, **kw): raise RuntimeError("device lost")
+  srv.llm.engine.runner.run = broken
+  try:
+    assert_error(post(srv, {"messages": MSGS, "max_tokens": 2}), 500, None)
+    assert httpx.get(srv.url + "/health").status_code == 503
+    assert_error(post(srv, {"messages": MSGS, "max_tokens": 2}), 503, None)
+  finally: srv.llm.engine.runner.run, srv.llm.healthy = run, True   # the fault was ours: lift it
+  assert httpx.get(srv.url + "/health").status_code == 200 and chat_text(srv, MSGS, max_tokens=2)
+
+def test_parsing_and_tokenizing_run_off_the_event_loop(srv):
+  """JSON parsing, chat templating and tokenizing run in a worker thread: while one large prompt is being tokenized (here held up on
+  purpose), other streams start and finish."""
+  large = [{"role": "user", "content": "Once upon a time there was a very long story. " * 20_000}]   # ~940 KB
+  started, release, encode_chat = threading.Event(), threading.Event(), srv.tok.encode_chat
+  def slow_encode_chat(messages):
+    if messages == large: started.set(); release.wait(20)
+    return encode_chat(messages)
+  srv.tok.encode_chat = slow_encode_chat
+  try:
+    with ThreadPoolExecutor(1) as pool:
+      big = pool.submit(post, srv, {"messages": large, "max_tokens": 2})
+      assert started.wait(30)
+      client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", timeout=10, max_retries=0)
+      chunks = list(client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=8, temperature=0, stream=True))
+      assert chunks[-1].choices[0].finish_reason and not big.done()
+      release.set()
+      assert_error(big.result(), 400, "messages")   # longer than the context
+  finally: release.set(); srv.tok.encode_chat = encode_chat
+
+def test_body_content_type_and_size(srv):
+  """The body is JSON sent as application/json (415 otherwise; no Content-Type is read as JSON), a JSON object (400), at most 1 MB (413)."""
+  body = json.dumps({"messages": MSGS, "max_tokens": 2})
+  for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+    assert_error(httpx.post(srv.url + "/v1/chat/completions", content=body, headers={"content-type": content_type}), 415, None)
+  for content_type in ("application/json", "Application/JSON; charset=utf-8", None):
+    headers = {"content-type": content_type} if content_type else {}
+    assert httpx.post(srv.url + "/v1/chat/completions", content=body, headers=headers, timeout=60).status_code == 200
+  for not_an_object in ("[]", '"hi"', "3", "null"):
+    assert_error(httpx.post(srv.url + "/v1/chat/completions", content=not_an_object, headers={"content-type": "application/json"}), 400, None)
+
+def test_disconnects_leave_no_traceback(srv, caplog):
+  """Clients that hang up mid-upload, mid-stream or while waiting for a reply are routine: nothing is logged as an error."""
+  uvicorn_log = logging.getLogger("uvicorn.error")   # uvicorn's loggers do not propagate to the root logger that caplog watches
+  uvicorn_log.addHandler(caplog.handler)
+  port, body = int(srv.url.rsplit(":", 1)[1]), json.dumps({"messages": MSGS, "max_tokens": 50}).encode()
+  try:
+    with socket.create_connection(("127.0.0.1", port)) as s:   # half a body, then gone
+      s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + body[:20])
+      time.sleep(0.5)
+    for stream in (False, True):   # a whole request, then gone before the reply
+      with socket.create_connection(("127.0.0.1", port)) as s:
+        data = json.dumps({"messages": MSGS, "max_tokens": 50, "stream": stream}).encode()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json={"messages": MSGS, "max_tokens": 200, "ignore_eos": True, "stream": True},
+                      timeout=60) as r:   # a stream read a little, then gone
+      next(r.iter_lines())
+    time.sleep(0.5)
+    wait_idle(srv)
+  finally: uvicorn_log.removeHandler(caplog.handler)
+  assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
+
+UNSUPPORTED = {  # OpenAI's and vLLM's fields that tinyvllm does not implement yet, each with a value that would change the output
+  "logprobs": True, "top_logprobs": 2, "response_format": {"type": "json_object"}, "tools": [{"type": "function", "function": {"name": "f"}}],
+  "tool_choice": "required", "parallel_tool_calls": False, "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
+  "logit_bias": {"5": 10}, "min_p": 0.1, "min_tokens": 3, "functions": [{"name": "f"}], "function_call": {"name": "f"},
+  "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
+  "reasoning_effort": "high", "web_search_options": {}, "service_tier": "flex", "store": True, "metadata": {"k": "v"}, "best_of": 2,
+  "use_beam_search": True, "echo": True, "guided_json": {"type": "object"}, "structured_outputs": {"json": {}}, "chat_template": "{{ x }}",
+  "chat_template_kwargs": {"enable_thinking": False}, "add_generation_prompt": False, "continue_final_message": True,
+  "skip_special_tokens": False, "prompt_logprobs": 1, "allowed_token_ids": [1, 2], "bad_words": ["x"]}
+NO_OPS = {  # what real clients send by default: the same fields with values that change nothing
+  "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "parallel_tool_calls": True,
+  "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {}, "min_p": 0, "min_tokens": 0, "best_of": 1,
+  "skip_special_tokens": True, "add_generation_prompt": True, "echo": False, "store": False, "modalities": ["text"], "service_tier": "auto",
+  "user": "alice", "n": 1, "stream": False, "stream_options": None}
+
+def test_every_field_is_honoured_or_rejected(srv, caplog):
+  """No field is silently ignored: one not implemented yet is a 400 naming it, unless null or the default that changes nothing (real
+  clients send those); a field outside OpenAI's and vLLM's schema is ignored with a warning in the log, as vLLM does."""
+  base = {"messages": MSGS, "max_tokens": 2}
+  for field, value in UNSUPPORTED.items():
+    r = post(srv, {**base, field: value})
+    assert_error(r, 400, field)
+    assert field in r.json()["error"]["message"]
+  reference = post(srv, {**base, "temperature": 0}).json()["choices"][0]["message"]["content"]
+  for extra in (NO_OPS, dict.fromkeys(UNSUPPORTED)):   # defaults, and null for everything
+    r = post(srv, {**base, "temperature": 0, **extra})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == reference, r.text
+  with caplog.at_level(logging.WARNING, logger="tinyvllm.serve"):
+    assert post(srv, {**base, "frobnicate": 1}).status_code == 200
+  assert "frobnicate" in caplog.text
+
+# ---- fuzzing: whatever the body, a 2xx or a 4xx with an OpenAI error body, and the running streams never notice -----------------------
+
+FUZZ_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop", "stop_token_ids",
+               "stream", "stream_options", "ignore_eos", "include_stop_str_in_output", "user", "logprobs", "top_logprobs", "tools", "tool_choice",
+               "response_format", "presence_penalty", "frequency_penalty", "logit_bias", "min_p", "best_of", "chat_template", "frobnicate", ""]
+EXTREMES = st.sampled_from([10**309, -10**309, 2**63, 2**64, -2**63 - 1, 1e308, -1e308, 5e-324, float("nan"), float("inf"), -float("inf")])
+LEAVES = st.none() | st.booleans() | st.integers(-3, 3) | EXTREMES | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=10)
+JSON_VALUES = st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+PLAUSIBLE = st.integers(0, 40) | st.floats(0, 1.5) | st.booleans() | st.lists(st.text(min_size=1, max_size=3), max_size=3)
+HUGE_VALUES = st.sampled_from([["stop"] * 20_000, list(range(50_000)), "x" * 300_000, [{"role": "user", "content": "hi"}] * 5_000])
+MESSAGES = st.just(MSGS) | st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]) | JSON_VALUES,
+                                                           "content": st.text(max_size=40) | JSON_VALUES}), min_size=1, max_size=3)
+JSON_BODIES = st.builds(lambda messages, fields: json.dumps({"messages": messages, "max_tokens": 2, "max_completion_tokens": 2, **fields}).encode(),
+                        MESSAGES, st.dictionaries(st.sampled_from(FUZZ_FIELDS), JSON_VALUES | PLAUSIBLE | PLAUSIBLE | HUGE_VALUES, max_size=3))
+RAW_BODIES = st.binary(max_size=64) | st.sampled_from([b"", b"{", b"null", b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe{}",
+                                                       b'{"messages": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+                                                       b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 1e999}'])
+CONTENT_TYPES = st.sampled_from(["application/json"] * 12 + ["application/json; charset=utf-8", None, "text/plain", "application/x-www-form-urlencoded", ""])
+
+def assert_well_formed(r:httpx.Response):
+  """A 2xx with a completion or a finished stream, or a 4xx with OpenAI's error body; never a 5xx."""
+  assert r.status_code < 500, (r.status_code, r.text[:300])
+  if r.status_code >= 400:
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str), r.text[:300]
+  elif r.headers["content-type"].startswith("text/event-stream"):
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert r.status_code == 200 and events[-1] == "[DONE]" and not any('"error"' in e[:10] for e in events), r.text[-300:]
+  else: assert r.status_code == 200 and r.json()["object"] == "chat.completion", r.text[:300]
+
+def test_fuzzed_bodies_get_a_4xx_and_hurt_no_one(srv):
+  """Bodies with wrong types, huge numbers, NaN, huge lists, deep nesting, unknown fields and wrong content types: every response is a 2xx
+  or a 4xx with an OpenAI error body, never a 5xx, and the streams opened before the fuzzing finish with the same text as when run alone."""
+  longest = srv.llm.engine.config.max_model_len - len(srv.tok.encode_chat(MSGS))
+  steady = [{"messages": MSGS, "max_tokens": longest, "temperature": 0, "ignore_eos": True},
+            {"messages": MSGS, "max_tokens": longest, "temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 5, "ignore_eos": True}]
+  alone = [streamed_text(stream_events(srv, body)) for body in steady]
+  client = httpx.Client(base_url=srv.url, timeout=60)
+
+  @settings(max_examples=80, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+  @given(body=st.one_of(JSON_BODIES, JSON_BODIES, JSON_BODIES, RAW_BODIES), content_type=CONTENT_TYPES)
+  @example(body=json.dumps({"messages": MSGS, "max_tokens": 2, "temperature": 10**309}).encode(), content_type="application/json")
+  @example(body=json.dumps({"messages": MSGS, "max_tokens": 2, "top_k": 2**63}).encode(), content_type="application/json")
+  @example(body=json.dumps({"messages": MSGS, "max_tokens": 2, "stop": ["x"] * 10_000}).encode(), content_type="application/json")
+  def fuzz(body, content_type):
+    assert_well_formed(client.post("/v1/chat/completions", content=body, headers={"content-type": content_type} if content_type is not None else {}))
+
+  with contextlib.ExitStack() as stack:
+    running = [stack.enter_context(stream_in_flight(srv, body)) for body in steady]
+    try: fuzz()
+    finally: client.close()
+  assert [streamed_text(stream.result()) for stream in running] == alone
+  wait_idle(srv)
+
 def readme_blocks(lang, keep):
   readme = open(os.path.join(ROOT, "README.md")).read() if os.path.exists(os.path.join(ROOT, "README.md")) else ""
   return [b for b in re.findall(rf"```{lang}\n(.*?)```", readme, re.S) if keep(b)]
@@ -231,10 +518,12 @@ def test_readme_snippets(srv, capsys):
       assert out.returncode == 0 and json.loads(out.stdout)["object"] == "chat.completion", out
 
 def test_cli():
-  """`python -m tinyvllm.serve` end to end: flags, startup log, --api-key on /v1 only, --served-model-name, clean Ctrl-C."""
+  """`python -m tinyvllm.serve` end to end: flags, startup log, --api-key on /v1 only (any case of the Bearer scheme), --served-model-name
+  (the only name /v1/models shows: never the model folder's path), clean Ctrl-C."""
   with free_socket() as s: port = s.getsockname()[1]
+  model_dir = os.path.join(ROOT, "tinyvllm", "stories260K")
   cmd = [sys.executable, "-m", "tinyvllm.serve", "--device", "CPU", "--port", str(port), "--api-key", "sk-test", "--served-model-name", "tiny",
-         "--max-num-seqs", "2", "--max-model-len", "128", "--enforce-eager"]
+         "--max-num-seqs", "2", "--max-model-len", "128", "--enforce-eager", "--model", model_dir]
   p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   url, log = f"http://127.0.0.1:{port}", []
   threading.Thread(target=lambda: log.extend(p.stdout), daemon=True).start()
@@ -246,9 +535,12 @@ def test_cli():
         if httpx.get(url + "/health", timeout=1).status_code == 200: break
       except httpx.TransportError: time.sleep(0.2)
     assert httpx.get(url + "/metrics").status_code == 200
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sk-test"}):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sk-test"}, {"Authorization": "Basic sk-test"}):
       r = httpx.get(url + "/v1/models", headers=headers)
       assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    for scheme in ("Bearer", "bearer", "BEARER"):
+      r = httpx.get(url + "/v1/models", headers={"Authorization": f"{scheme} sk-test"})
+      assert r.status_code == 200 and r.json()["data"][0]["id"] == r.json()["data"][0]["root"] == "tiny" and model_dir not in r.text
     with pytest.raises(openai.AuthenticationError):
       openai.OpenAI(base_url=url + "/v1", api_key="nope", max_retries=0).chat.completions.create(model="tiny", messages=MSGS, max_tokens=2)
     client = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", timeout=60, max_retries=0)
@@ -257,10 +549,17 @@ def test_cli():
     with pytest.raises(openai.BadRequestError, match="maximum context length is 128"):
       client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=200)
     with pytest.raises(openai.NotFoundError): client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2)
-    out = "".join(log)
-    assert "CPU" in out and "KV blocks" in out and f"http://127.0.0.1:{port}/v1" in out
+    assert f"ready on http://127.0.0.1:{port}" in "".join(log)
   finally:
     p.send_signal(signal.SIGINT)
     try: p.wait(30)
     except subprocess.TimeoutExpired: p.kill(); raise
-  assert p.returncode == 0, "".join(log)
+  assert p.returncode == 0 and "Traceback" not in "".join(log), "".join(log)
+
+def test_cli_help():
+  """--help describes every flag."""
+  out = subprocess.run([sys.executable, "-m", "tinyvllm.serve", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+  options = re.split(r"\n  (?=-)", out.split("options:", 1)[1])[1:]   # one entry per flag: its spelling, then its description
+  assert len(options) > 15
+  for option in options:
+    assert re.match(r"-[-\w]+(?: [A-Z_]+)?(?:, -[-\w]+(?: [A-Z_]+)?)*(?: {2,}|\s*\n\s+)\S", option), f"no description: {option!r}"

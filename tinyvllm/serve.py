@@ -1,44 +1,70 @@
 """OpenAI-compatible HTTP server (`python -m tinyvllm.serve`): one AsyncLLM behind a small Starlette app, shaped like vLLM's api_server."""
-import argparse, asyncio, bisect, collections, contextlib, dataclasses, hmac, itertools, json, logging, time, typing, uuid
-import uvicorn
+import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, time, typing, uuid
+import jinja2, uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from tinyvllm.config import Config
-from tinyvllm.sequence import SamplingParams
-from tinyvllm.llm_engine import AsyncLLM
+from tinyvllm.sequence import CompletionOutput, ParamError, SamplingParams
+from tinyvllm.llm_engine import AsyncLLM, EngineError
 
 MAX_BODY = 1 << 20
 log = logging.getLogger("tinyvllm.serve")
-FIELDS = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": (int, float),
-          "top_p": (int, float), "top_k": int, "seed": int, "n": int, "stop": (str, list), "stop_token_ids": list, "stream": bool,
-          "stream_options": dict, "ignore_eos": bool}
-# (name, engine.stats() key, help): vLLM's names and meanings, so its dashboards work; the raw block counts let tests check for leaks
-METRICS = [("vllm:num_requests_running", "num_running", "Requests in the running batch."), ("vllm:num_requests_waiting", "num_waiting",
-            "Requests waiting to be scheduled."), ("vllm:kv_cache_usage_perc", "kv_cache_usage", "KV-cache usage. 1 means 100 percent usage."),
-           ("vllm:prefix_cache_queries_total", "prefix_cache_queries", "Prefix cache queries, in queried tokens."),
-           ("vllm:prefix_cache_hits_total", "prefix_cache_hits", "Prefix cache hits, in cached tokens."),
-           ("vllm:num_preemptions_total", "num_preemptions", "Cumulative number of preemptions."),
-           ("vllm:prompt_tokens_total", "prompt_tokens", "Prefill tokens processed."), ("vllm:generation_tokens_total", "generation_tokens",
-            "Generation tokens processed."), ("tinyvllm:num_blocks", "num_blocks", "KV-cache blocks in the pool."),
-           ("tinyvllm:num_free_blocks", "num_free_blocks", "KV-cache blocks on the free list (unused or only prefix-cached).")]
-SAMPLING = ("n", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos")
+# the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
+# ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
+HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": (int, float), "top_p": (int, float),
+            "top_k": int, "seed": int, "n": int, "stop": (str, list), "stop_token_ids": list, "stream": bool, "stream_options": dict,
+            "ignore_eos": bool, "include_stop_str_in_output": bool, "user": str, "safety_identifier": str, "prompt_cache_key": str}
+# OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
+# other value is a 400 naming the field. Issue #14 turns most of them into features.
+NOT_YET = {field: no_ops for no_ops, fields in [
+  ([False], "logprobs echo store use_beam_search continue_final_message"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
+  ([0], "top_logprobs presence_penalty frequency_penalty min_p min_tokens"), ([1], "repetition_penalty best_of"), ([[]], "tools functions bad_words"),
+  ([{}], "logit_bias metadata chat_template_kwargs"), (["none", "auto"], "tool_choice function_call"), ([{"type": "text"}], "response_format"),
+  (["auto", "default"], "service_tier"), ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs "
+   "allowed_token_ids chat_template structured_outputs guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
+SAMPLING = ("n", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
+# vLLM's metric names (so its dashboards work) over engine.stats() keys; the raw block counts let tests check for leaks
+METRICS = {"vllm:num_requests_running": "num_running", "vllm:num_requests_waiting": "num_waiting", "vllm:kv_cache_usage_perc": "kv_cache_usage",
+           "vllm:prefix_cache_queries_total": "prefix_cache_queries", "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+           "vllm:num_preemptions_total": "num_preemptions", "vllm:prompt_tokens_total": "prompt_tokens",
+           "vllm:generation_tokens_total": "generation_tokens", "tinyvllm:num_blocks": "num_blocks", "tinyvllm:num_free_blocks": "num_free_blocks"}
+# vLLM's latency histograms (vllm:NAME_seconds) and bucket edges, so its Grafana dashboards read them unchanged
+HISTOGRAMS = {"time_to_first_token": [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640,
+                                      2560],
+              "time_per_output_token": [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80],
+              "e2e_request_latency": [0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680]}
 
 class APIError(Exception):
+  """OpenAI's error body: {"error": {"message", "type", "param", "code"}}; `param` names the request field at fault."""
   def __init__(self, message, status=400, type="invalid_request_error", param=None, code=None):
-    super().__init__(message); self.status, self.type, self.param, self.code = status, type, param, code
-  def response(self): return JSONResponse({"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}, self.status)
+    super().__init__(message)
+    self.status, self.type, self.param, self.code = status, type, param, code
+  def body(self): return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+  def response(self): return JSONResponse(self.body(), self.status)
 
-class Histogram:
-  """A Prometheus histogram: cumulative bucket counts plus sum and count, rendered in the text exposition format."""
-  def __init__(self, name, doc, buckets): self.name, self.doc, self.buckets, self.counts, self.sum = name, doc, buckets, [0] * (len(buckets) + 1), 0.0
-  def observe(self, v): self.sum += v; self.counts[bisect.bisect_left(self.buckets, v)] += 1   # the first bucket with v <= le
-  def render(self, lbl):
-    cumulative = zip([*map(str, self.buckets), "+Inf"], itertools.accumulate(self.counts))
-    n = self.name
-    return [f"# HELP {n} {self.doc}", f"# TYPE {n} histogram", *(f'{n}_bucket{{{lbl},le="{le}"}} {c}' for le, c in cumulative),
-            f"{n}_sum{{{lbl}}} {self.sum}", f"{n}_count{{{lbl}}} {sum(self.counts)}"]
+def engine_error(e:Exception) -> APIError:
+  # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message
+  if isinstance(e, EngineError): return APIError("The engine failed while running this request.", 500, "InternalServerError", code=500)
+  return APIError(str(e))   # a ValueError: the engine refused the request, saying why
+
+def choice(index:int, end:CompletionOutput|None, **content) -> dict:
+  # vLLM adds stop_reason to OpenAI's choice: the stop string or token id that ended it
+  return {"index": index, **content, "logprobs": None, "finish_reason": end and end.finish_reason, "stop_reason": end and end.stop_reason}
+
+def is_text(content) -> bool:   # a string, or a list of text parts
+  if isinstance(content, str): return True
+  return isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                                           for part in content)
+
+def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
+
+async def _disconnected(request):
+  while (await request.receive())["type"] != "http.disconnect": pass
 
 class SSEResponse(StreamingResponse):
   # Starlette cancels the body iterator on disconnect but never closes it; closing it here runs the engine's abort deterministically
@@ -46,137 +72,180 @@ class SSEResponse(StreamingResponse):
     try: await super().__call__(scope, receive, send)
     finally: await self.body_iterator.aclose()
 
-def _reject(const): raise ValueError(f"{const} is not valid JSON")
+class OpenAIServer:
+  """vLLM's api_server routes over one AsyncLLM: /v1/chat/completions, /v1/models, /health and /metrics."""
+  def __init__(self, llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None):
+    self.llm, self.api_key, self.config, self.tokenizer = llm, api_key, llm.engine.config, llm.engine.tokenizer
+    self.model = served_model_name or llm.engine.model_name
+    self.registry = CollectorRegistry()   # one per app, so two servers in one process keep their own counts
+    self.registry.register(self)          # see collect()
+    self.latency = {name: Histogram(f"vllm:{name}_seconds", f"Histogram of {name.replace('_', ' ')} in seconds.", ["model_name"],
+                                    registry=self.registry, buckets=edges).labels(self.model) for name, edges in HISTOGRAMS.items()}
+    self.successes = Counter("vllm:request_success", "finished requests", ["model_name", "finished_reason"], registry=self.registry)
 
-async def _disconnected(request):
-  while (await request.receive())["type"] != "http.disconnect": pass
-
-def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None) -> Starlette:
-  cfg, tok, name = llm.engine.config, llm.engine.tokenizer, served_model_name or llm.engine.model_name
-  lbl = f"model_name={json.dumps(name, ensure_ascii=False)}"
-  # vLLM's bucket edges, so its Grafana dashboards read these histograms unchanged
-  hists = [Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", [0.001, 0.005, 0.01, 0.02, 0.04,
-             0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]),
-           Histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", [0.01, 0.025, 0.05, 0.075, 0.1,
-             0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]),
-           Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5,
-             5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0])]
-  successes = collections.Counter()
-
-  def auth(request):  # every /v1 route; /health and /metrics stay open for probes and scrapers
-    if api_key and not hmac.compare_digest(request.headers.get("authorization", "").encode(), f"Bearer {api_key}".encode()):
+  def authorize(self, request):   # every /v1 route; /health and /metrics stay open for probes and scrapers
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if self.api_key and (scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), self.api_key.encode())):
       raise APIError("Incorrect API key provided.", 401, code="invalid_api_key")
 
-  async def parse(request) -> tuple[list[int], SamplingParams, dict]:
-    auth(request)
-    if (cl := request.headers.get("content-length", "")).isdigit() and int(cl) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
+  async def read_request(self, request) -> tuple[list[int], SamplingParams, dict]:
+    self.authorize(request)
+    if not self.llm.healthy: raise APIError("The engine has failed and cannot serve requests.", 503, "ServiceUnavailableError", code=503)
+    if request.headers.get("content-type", "application/json").split(";")[0].strip().lower() != "application/json":
+      raise APIError("The body must be JSON, sent as Content-Type: application/json", 415)
+    too_large = APIError(f"Body over {MAX_BODY} bytes", 413)
+    if request.headers.get("content-length", "").isdigit() and int(request.headers["content-length"]) > MAX_BODY: raise too_large
     raw = bytearray()
     async for chunk in request.stream():  # chunked uploads carry no Content-Length: count what actually arrives
-      if len(raw := raw + chunk) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
+      raw += chunk
+      if len(raw) > MAX_BODY: raise too_large
+    # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
+    return await asyncio.to_thread(self.parse, raw)
+
+  def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, dict]:
     try: body = json.loads(raw, parse_constant=_reject)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
-    for k, t in FIELDS.items():
-      v = body.get(k)
-      if v is not None and (not isinstance(v, t) or isinstance(v, bool) and t is not bool) or k == "stop" and isinstance(v, list) and \
-         not all(isinstance(s, str) for s in v) or k == "stop_token_ids" and v and not all(type(i) is int for i in v):
-        raise APIError(f"'{k}' has the wrong type: {v!r}", param=k)
-    if body.get("model") not in (None, name): raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
-    if not body.get("messages"): raise APIError("'messages' must be a non-empty list", param="messages")
-    text = lambda c: isinstance(c, str) or isinstance(c, list) and \
-      all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in c)
-    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and text(m.get("content")) for m in body["messages"]):
-      raise APIError("each message needs a string 'role' and a 'content' that is a string or a list of text parts", param="messages")
-    try: prompt = tok.encode_chat(body["messages"])  # the tokenizer joins text parts with newlines, as vLLM does
-    except Exception as e: raise APIError(f"Could not render the chat template: {e}", param="messages")
-    mt = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
-    kw, L = {k: body[k] for k in SAMPLING if body.get(k) is not None}, cfg.max_model_len
-    try: params = SamplingParams(max_tokens=max(L - len(prompt), 1) if mt is None else mt, **kw)   # default: the rest of the context
-    except (ValueError, TypeError) as e: raise APIError(str(e))
-    if (total := len(prompt) + params.max_tokens) > L:
-      raise APIError(f"This model's maximum context length is {L} tokens. However, you requested {total} tokens ({len(prompt)} in the messages, "
-                     f"{params.max_tokens} in the completion). Please reduce the length of the messages or completion.", param="messages")
+    for field, value in body.items():
+      if value is None: continue   # null means the default
+      if field in NOT_YET and value not in NOT_YET[field]: raise APIError(f"'{field}' is not supported yet", param=field)
+      expected = HONOURED.get(field)
+      if expected and (not isinstance(value, expected) or isinstance(value, bool) and expected is not bool):   # JSON's true is no number
+        raise APIError(f"'{field}' has the wrong type", param=field)
+    if unknown := [field for field in body if field not in HONOURED and field not in NOT_YET]:
+      log.warning("The following fields were present in the request but ignored: %s", unknown[:20])   # as vLLM does
+    if body.get("model") not in (None, self.model):
+      raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
+    messages = body.get("messages")
+    if not messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and is_text(m.get("content")) for m in messages):
+      raise APIError("'messages' must be a non-empty list of messages, each with a string 'role' and a 'content' that is a string or a "
+                     "list of text parts", param="messages")
+    try: prompt = self.tokenizer.encode_chat(messages)   # the tokenizer joins text parts with newlines, as vLLM does
+    except jinja2.TemplateError as e: raise APIError(f"The chat template refused the messages: {e}", param="messages")
+    except Exception as e:   # e.g. lone surrogates, which the tokenizer's C++ rejects in its own words
+      log.warning("could not tokenize a request's messages: %r", e)
+      raise APIError("The messages could not be tokenized", param="messages")
     if not prompt: raise APIError("The rendered prompt is empty", param="messages")
-    if params.n > cfg.max_num_seqs: raise APIError(f"n must be at most max_num_seqs ({cfg.max_num_seqs})", param="n")
+    max_tokens_field = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
+    context = self.config.max_model_len
+    max_tokens = body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1)   # default: the rest of the context
+    try: params = SamplingParams(max_tokens=max_tokens, **{k: body[k] for k in SAMPLING if body.get(k) is not None})
+    except ParamError as e: raise APIError(str(e), param=max_tokens_field if e.param == "max_tokens" else e.param)
+    if len(prompt) + params.max_tokens > context:
+      raise APIError(f"This model's maximum context length is {context} tokens. However, you requested {len(prompt) + params.max_tokens} "
+                     f"tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
+    # n sequences take n of the batch's max_num_seqs slots for the whole request: half leaves room for everyone else
+    most_n = max(1, self.config.max_num_seqs // 2)
+    if params.n > most_n:
+      raise APIError(f"n must be at most {most_n} (half of max_num_seqs), so one request cannot fill the running batch", param="n")
     return prompt, params, body
 
-  def account(out, counts):  # per-choice token counts; on the final output, latency histograms
-    for o in out.outputs: counts[o.index] += len(o.token_ids)
-    if out.finished and (m := out.metrics):
-      hists[0].observe(m["first_token_time"] - m["arrival_time"]); hists[2].observe(m["finish_time"] - m["arrival_time"])
-      if max(counts) > 1: hists[1].observe((m["finish_time"] - m["first_token_time"]) / (max(counts) - 1))  # the longest choice ends last
-      successes[out.outputs[-1].finish_reason] += 1
+  def account(self, out, counts:list[int]):   # per-choice token counts; on the final output, the latency metrics
+    for output in out.outputs: counts[output.index] += len(output.token_ids)
+    if not out.finished or not out.metrics: return
+    times = out.metrics
+    self.latency["time_to_first_token"].observe(times["first_token_time"] - times["arrival_time"])
+    self.latency["e2e_request_latency"].observe(times["finish_time"] - times["arrival_time"])
+    if max(counts) > 1:   # the longest choice ends last
+      self.latency["time_per_output_token"].observe((times["finish_time"] - times["first_token_time"]) / (max(counts) - 1))
+    self.successes.labels(self.model, out.outputs[-1].finish_reason).inc()
 
-  async def chat(request):
-    prompt, params, body = await parse(request)
-    rid, created, counts = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), [0] * params.n
-    head = {"id": rid, "object": "chat.completion", "created": created, "model": name}
+  async def chat(self, request):
+    prompt, params, body = await self.read_request(request)
+    request_id, counts = f"chatcmpl-{uuid.uuid4().hex}", [0] * params.n
+    head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": sum(counts), "total_tokens": len(prompt) + sum(counts)}
-    choice = lambda i, fr, **kw: {"index": i, **kw, "logprobs": None, "finish_reason": fr}
-    sse = lambda choices, **kw: f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': choices, **kw})}\n\n"
     if body.get("stream"):
+      sse = lambda data: f"data: {json.dumps(data)}\n\n"
+      chunk = lambda choices, **extra: sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
       async def events():
-        async with contextlib.aclosing(llm.generate(prompt, params, rid)) as gen:
-          yield "".join(sse([choice(i, None, delta={"role": "assistant", "content": ""})]) for i in range(params.n))
-          async for out in gen:
-            account(out, counts)
-            # text can lag tokens (partial UTF-8, held-back stop-string prefixes): only send chunks that carry something
-            yield "".join(sse([choice(o.index, o.finish_reason, delta={"content": o.text} if o.text else {})])
-                          for o in out.outputs if o.text or o.finish_reason)
-          if (body.get("stream_options") or {}).get("include_usage"): yield sse([], usage=usage())
+        async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
+          yield "".join(chunk([choice(i, None, delta={"role": "assistant", "content": ""})]) for i in range(params.n))
+          try:
+            async for out in outputs:
+              self.account(out, counts)
+              # text can lag tokens (partial UTF-8, held-back stop-string prefixes): only send chunks that carry something
+              yield "".join(chunk([choice(output.index, output, delta={"content": output.text} if output.text else {})])
+                            for output in out.outputs if output.text or output.finish_reason)
+          except (EngineError, ValueError) as e: yield sse(engine_error(e).body())   # the 200 is sent: the error is an event, as in vLLM
+          else:
+            if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage())
           yield "data: [DONE]\n\n"
       return SSEResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    texts, reasons = [""] * params.n, [None] * params.n
+    texts, ends = [""] * params.n, [None] * params.n   # ends: the output that finished each choice
     async def collect():
-      async with contextlib.aclosing(llm.generate(prompt, params, rid)) as gen:
-        async for out in gen:
-          account(out, counts)
-          for o in out.outputs: texts[o.index] += o.text; reasons[o.index] = o.finish_reason or reasons[o.index]
+      async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
+        async for out in outputs:
+          self.account(out, counts)
+          for output in out.outputs:
+            texts[output.index] += output.text
+            if output.finish_reason: ends[output.index] = output
     # uvicorn does not cancel a handler whose client left: watch for it, so a dropped request stops using KV blocks
     task, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
     await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
     gone.cancel()
-    if not task.done(): task.cancel(); return Response(status_code=499)  # cancelling reaches the engine's generator, which aborts
-    task.result()   # re-raises an engine error: the Exception handler turns it into an OpenAI-shaped 500
-    return JSONResponse({**head, "choices": [choice(i, reasons[i], message={"role": "assistant", "content": texts[i]}) for i in range(params.n)],
-                         "usage": usage()})
+    if not task.done():
+      task.cancel()   # cancelling reaches the engine's generator, which aborts
+      return Response(status_code=499)
+    try: task.result()
+    except (EngineError, ValueError) as e: raise engine_error(e)
+    choices = [choice(i, ends[i], message={"role": "assistant", "content": texts[i]}) for i in range(params.n)]
+    return JSONResponse({**head, "choices": choices, "usage": usage()})
 
-  async def models(request):
-    auth(request)
-    return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "tinyvllm",
-                                                     "root": cfg.model or name, "max_model_len": cfg.max_model_len}]})
+  async def models(self, request):
+    self.authorize(request)
+    card = {"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "tinyvllm", "root": self.model}   # no local path
+    return JSONResponse({"object": "list", "data": [{**card, "max_model_len": self.config.max_model_len}]})
 
-  async def metrics(request):
-    s = llm.engine.stats()
-    lines = [ln for n, key, doc in METRICS for ln in (f"# HELP {n} {doc}", f"# TYPE {n} {'counter' if n.endswith('_total') else 'gauge'}",
-                                                      f"{n}{{{lbl}}} {s[key]}")]
-    lines += ["# HELP vllm:request_success_total Count of successfully processed requests.", "# TYPE vllm:request_success_total counter",
-              *(f'vllm:request_success_total{{{lbl},finished_reason="{r}"}} {c}' for r, c in successes.items())]
-    return Response("\n".join(lines + [ln for h in hists for ln in h.render(lbl)]) + "\n", media_type="text/plain; version=0.0.4")
+  async def health(self, request): return Response(status_code=200 if self.llm.healthy else 503)
 
-  def http_error(request, e): return APIError(e.detail, e.status_code, "NotFoundError" if e.status_code == 404 else "invalid_request_error",
-                                              code=e.status_code).response()
-  def server_error(request, e): return APIError(str(e), 500, "InternalServerError", code=500).response()   # uvicorn logs the traceback
-  return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models), Route("/health", lambda r: Response()),
-                           Route("/metrics", metrics)], exception_handlers={APIError: lambda r, e: e.response(), HTTPException: http_error,
-                                                                            Exception: server_error})
+  async def metrics(self, request): return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+  def collect(self):   # the engine's own gauges and counters, read at each scrape
+    stats = self.llm.engine.stats()
+    for name, key in METRICS.items():
+      family = (CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily)(name, key.replace("_", " "), labels=["model_name"])
+      family.add_metric([self.model], stats[key])
+      yield family
+
+def http_error(request, e:HTTPException) -> Response:
+  kind = "NotFoundError" if e.status_code == 404 else "invalid_request_error"
+  return APIError(e.detail, e.status_code, kind, code=e.status_code).response()
+
+def server_error(request, e:Exception) -> Response:   # a bug: uvicorn logs the traceback, the client gets no internals
+  return APIError("Internal server error", 500, "InternalServerError", code=500).response()
+
+def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None) -> Starlette:
+  server = OpenAIServer(llm, served_model_name, api_key)
+  routes = [Route("/v1/chat/completions", server.chat, methods=["POST"]), Route("/v1/models", server.models),
+            Route("/health", server.health), Route("/metrics", server.metrics)]
+  # a client that hangs up mid-upload is no error of ours: 499, without a traceback
+  handlers = {APIError: lambda request, e: e.response(), HTTPException: http_error, Exception: server_error,
+              ClientDisconnect: lambda request, e: Response(status_code=499)}
+  return Starlette(routes=routes, exception_handlers=handlers)
+
+def cli() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(description="tinyvllm's OpenAI-compatible server")
+  # every engine option is a flag, described by the comment beside its field in config.py
+  comments = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(Config), re.M))
+  for field in dataclasses.fields(Config):
+    kind = next((t for t in typing.get_args(field.type) if t is not type(None)), field.type)
+    how = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+    parser.add_argument("--" + field.name.replace("_", "-"), help=comments[field.name].replace("%", "%%"), **how)
+  parser.add_argument("--served-model-name", help="the model's name in the API; default: the model folder's or hub id's name")
+  parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
+  parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+  parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+  return parser
 
 def main():
-  p = argparse.ArgumentParser(description="tinyvllm OpenAI-compatible server")
-  for f in dataclasses.fields(Config):   # every engine option is a flag: --model, --device, --max-model-len, --kv-cache-memory, ...
-    typ = next((t for t in typing.get_args(f.type) if t is not type(None)), f.type)
-    p.add_argument("--" + f.name.replace("_", "-"), **({"action": argparse.BooleanOptionalAction} if typ is bool else {"type": typ}))
-  p.add_argument("--served-model-name"); p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
-  p.add_argument("--host", default="127.0.0.1"); p.add_argument("--port", type=int, default=8000)
-  args = p.parse_args()
+  args = cli().parse_args()
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  # the engine picks the device, loads the model and captures its graphs before we listen, so the first request pays no JIT cost
+  # the engine loads the model and captures its graphs before we listen, so the first request pays no JIT cost
   llm = AsyncLLM(Config(**{k: v for k, v in vars(args).items() if k in Config.__dataclass_fields__ and v is not None}))
-  s, c = llm.engine.stats(), llm.engine.config
-  log.info("device %s, model %s (%s), max_model_len %d, %d KV blocks of %d tokens (%d tokens)", llm.engine.device, llm.engine.model_name,
-           c.model or "bundled", c.max_model_len, s["num_blocks"], c.block_size, s["num_blocks"] * c.block_size)
-  log.info("serving on http://%s:%d/v1", args.host, args.port)
+  app = build_app(llm, args.served_model_name, args.api_key)
+  log.info("ready on http://%s:%d", args.host, args.port)
   with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled; the shutdown was clean, so exit 0
-    uvicorn.run(build_app(llm, args.served_model_name, args.api_key), host=args.host, port=args.port, timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=5)
 
 if __name__ == "__main__": main()
