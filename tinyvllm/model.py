@@ -2,6 +2,7 @@ import itertools, json, math, os
 from tinygrad import Tensor, dtypes
 from tinygrad.nn.state import safe_load
 from tinygrad.helpers import tqdm
+from tinyvllm import gemm
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -89,9 +90,15 @@ class Transformer:
 
   def linear(self, x:Tensor, name:str) -> Tensor:
     w, b = self.w[name+".weight"], self.w.get(name+".bias")
+    # on Hopper our wgmma kernel (gemm.py); elsewhere tinygrad's tensor-core schedule, split over K for skinny outputs
+    if (y := gemm.matmul(x, w)) is not None: return y if b is None else y + b
     if (S := split_k_ways(*x.shape, w.shape[0])) == 1: return x.linear(w.T, b)
     y = matmul_split_k(x, w, S)
     return (y if b is None else y + b).cast(x.dtype)
+
+  def logits(self, h:Tensor) -> Tensor:
+    """h (R, D) final hidden -> (R, vocab) float logits."""
+    return (y if (y := gemm.matmul(h, self.lm_head)) is not None else h @ self.lm_head.T).float()
 
   def rope(self, x:Tensor, cos:Tensor, sin:Tensor) -> Tensor:   # Hugging Face's rotate_half layout
     x1, x2 = x.chunk(2, -1)
