@@ -5,7 +5,6 @@ import functools
 from tinygrad import Tensor, Device, UOp, dtypes
 from tinygrad.uop.ops import Ops, KernelInfo, ProgramInfo
 from tinygrad.renderer import Estimates
-from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler
 
 # A CTA computes a BM x BN tile of C = A @ W^T (A: M x K, W: N x K, both K-contiguous, so HF weights need no transpose) with BM/64
 # warpgroups, each a wgmma m64nBNk16 chain reading both operands from shared memory. K streams in 64-wide stages through a ring of ST
@@ -61,6 +60,7 @@ def _launch_with_smem(program_t:type):
 
 @functools.cache
 def _kernel(M:int, N:int, K:int, dev:str, dt:str, BM:int, BN:int, ST:int, S:int):
+  from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler   # here, so other backends never load CUDA's libraries
   _launch_with_smem(Device[dev].runtime_t)
   SMEM[name := f"gemm_{BM}x{BN}x{ST}"] = ST*(BM+BN)*128 + 1024
   acc = ",".join(f"%{i}" for i in range(BN//2)), ", ".join(f'"+f"(d[{i}])' for i in range(BN//2))   # the accumulator tile: BN/2 per thread
