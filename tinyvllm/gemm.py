@@ -9,7 +9,7 @@ from tinygrad.renderer import Estimates
 # A CTA computes a BM x BN tile of C = A @ W^T (A: M x K, W: N x K, both K-contiguous, so HF weights need no transpose) with BM/64
 # warpgroups, each a wgmma m64nBNk16 chain reading both operands from shared memory. K streams in 64-wide stages through a ring of ST
 # cp.async buffers, filled ST-2 stages ahead while one wgmma group stays in flight over the barrier and the next loads (retiring every
-# group at once to load ST-1 ahead measured 2-15% slower). In SASS the main loop is HGMMA; the accumulators stay in registers, no spills.
+# group at once to load ST-1 ahead measured 2-13% slower). In SASS the main loop is HGMMA; the accumulators stay in registers, no spills.
 # - load: a stage is BM rows of A then BN rows of W, 128 bytes each; 16-byte chunk c of row r goes to chunk c^(r%8), the 128-byte swizzle
 #   that wgmma's descriptors (desc: K-major, 8-row groups 1024 bytes apart) read, so a warp's accesses spread over all banks; the swizzle
 #   works on address bits, hence 1024-byte aligned stages. Rows past M copy 0 bytes: cp.async zero-fills them.
