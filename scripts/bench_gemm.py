@@ -46,7 +46,7 @@ def rel(x, ref) -> float: return ((x - ref).norm() / ref.norm()).item()   # torc
 def kernel(a:Tensor, w:Tensor, cfg, out:Tensor) -> tuple[Tensor, Tensor]:
   """gemm.matmul with a given config, writing `out` (M, N), or (S, M, N) float32 partials: (result, `out` after the kernel)."""
   (M, K), N, S = a.shape, w.shape[0], cfg[3]
-  out = out.custom_kernel(a, w, fxn=gemm._kernel(M, N, K, a.device, "bf16", *cfg))[0]
+  out = out.custom_kernel(a, w, fxn=gemm._kernel(M, N, K, a.device, *cfg))[0]
   return (out.sum(0).cast(bf) if S > 1 else out), out
 
 def workspace(M:int, N:int, S:int) -> Tensor: return Tensor.empty(*(S,)*(S > 1), M, N, dtype=dtypes.float if S > 1 else bf)

@@ -1,4 +1,4 @@
-"""The kernel room: a Hopper tensor-core GEMM, y = x @ w.T in bf16/fp16 with fp32 accumulation, as CUDA source that tinygrad launches as an
+"""The kernel room: a Hopper tensor-core GEMM, y = x @ w.T in bf16 with fp32 accumulation, as CUDA source that tinygrad launches as an
 Ops.PROGRAM through Tensor.custom_kernel, so it stays lazy and replays inside TinyJit's CUDA graph. tinygrad's own matmuls reach ~5% of
 cuBLAS on Hopper: they stage no tiles through shared memory and cannot use wgmma, which needs the sm_90a target tinygrad never sets."""
 import functools
@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(NT, 228*1024/(ST*SB+2048)) NAME(voi
   for (int j = 0; j < BN/8; j++) for (int h = 0; h < 2; h++) if (m + h*8 < M) {
     const size_t o = (size_t)(m + h*8)*N + n + j*8;
     if (S > 1) *(float2*)((float*)C + blockIdx.z*(size_t)M*N + o) = make_float2(d[4*j+2*h], d[4*j+2*h+1]);
-    else asm volatile("{.reg .b32 v; cvt.rn." DT "x2.f32 v, %1, %2; st.global.b32 [%0], v;}" :: "l"((u16*)C + o), "f"(d[4*j+2*h+1]), "f"(d[4*j+2*h]));
+    else asm volatile("{.reg .b32 v; cvt.rn.bf16x2.f32 v, %1, %2; st.global.b32 [%0], v;}" :: "l"((u16*)C + o), "f"(d[4*j+2*h+1]), "f"(d[4*j+2*h]));
   }
 }"""
 
@@ -59,13 +59,13 @@ def _launch_with_smem(program_t:type):
   program_t.__init__ = lambda self, dev, obj, smem=0: init(self, dev, obj, SMEM.get(obj.name, smem))
 
 @functools.cache
-def _kernel(M:int, N:int, K:int, dev:str, dt:str, BM:int, BN:int, ST:int, S:int):
+def _kernel(M:int, N:int, K:int, dev:str, BM:int, BN:int, ST:int, S:int):
   from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler   # here, so other backends never load CUDA's libraries
   _launch_with_smem(Device[dev].runtime_t)
   SMEM[name := f"gemm_{BM}x{BN}x{ST}"] = ST*(BM+BN)*128 + 1024
   acc = ",".join(f"%{i}" for i in range(BN//2)), ", ".join(f'"+f"(d[{i}])' for i in range(BN//2))   # the accumulator tile: BN/2 per thread
-  mma = f'asm volatile("wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{dt}.{dt} {{{acc[0]}}}, %{BN//2}, %{BN//2+1}, 1, 1, 1, 0, 0;" : {acc[1]}'
-  defs = {"NAME": name, "M": M, "N": N, "K": K, "BM": BM, "BN": BN, "ST": ST, "S": S, "DT": f'"{dt}"', "MMA(a, b)": mma + ' : "l"(a), "l"(b))'}
+  mma = f'asm volatile("wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.bf16.bf16 {{{acc[0]}}}, %{BN//2}, %{BN//2+1}, 1, 1, 1, 0, 0;" : {acc[1]}'
+  defs = {"NAME": name, "M": M, "N": N, "K": K, "BM": BM, "BN": BN, "ST": ST, "S": S, "MMA(a, b)": mma + ' : "l"(a), "l"(b))'}
   src = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SRC
   lib = NVRTCCompiler("sm_90a", ptx=False).compile_cached(src)
   # outs/ins are what the JIT's memory planner and the CUDA graph's dependency edges see: C written, A and W read
@@ -86,12 +86,12 @@ def plan(M:int, N:int, K:int) -> tuple[int, int, int, int]:
 
 def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None) -> Tensor|None:
   """x (M, K) @ w (N, K).T on a Hopper GPU under CUDA, or None where the kernel does not apply (the caller keeps tinygrad's matmul)."""
-  (M, K), N, dt = x.shape, w.shape[0], {dtypes.bfloat16: "bf16", dtypes.half: "f16"}.get(x.dtype)
+  (M, K), N = x.shape, w.shape[0]
   if not (isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and Device[x.device].renderer.target.arch == "sm_90"): return None
   # from 16 rows it beat tinygrad's schedule (with split-K) on every Llama shape measured; fewer rows are decode GEMVs, left to tinygrad/BEAM
-  if dt is None or w.dtype != x.dtype or M < 16 or K % 64 or K < 512 or N % 128: return None
+  if x.dtype != dtypes.bfloat16 or w.dtype != x.dtype or M < 16 or K % 64 or K < 512 or N % 128: return None
   BM, BN, ST, S = cfg or plan(M, N, K)
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result)
   out = Tensor.empty(*(S,)*(S > 1), M, N, dtype=dtypes.float if S > 1 else x.dtype, device=x.device)
-  out = out.custom_kernel(x, w, fxn=_kernel(M, N, K, x.device, dt, BM, BN, ST, S))[0]
+  out = out.custom_kernel(x, w, fxn=_kernel(M, N, K, x.device, BM, BN, ST, S))[0]
   return out.sum(0).cast(x.dtype) if S > 1 else out
