@@ -2,6 +2,7 @@ import itertools, json, math, os
 from tinygrad import Tensor, dtypes
 from tinygrad.nn.state import safe_load
 from tinygrad.helpers import tqdm
+from tinyvllm import gemm
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -16,22 +17,22 @@ def read_config(model_dir:str) -> dict:
                 "rope_theta": cfg.get("rope_theta") or rope.get("rope_theta", 10000.0),
                 "qkv_bias": arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False), "qk_norm": arch == "Qwen3ForCausalLM"}
 
-def weight_shapes(c:dict) -> dict[str, tuple[int, ...]]:
+def weight_shapes(hf_config:dict) -> dict[str, tuple[int, ...]]:
   """Every tensor the decoder needs, by Hugging Face name: used to check a checkpoint and to build dummy weights."""
-  D, hd, H, KV, I = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]
-  s = {"model.embed_tokens.weight": (c["vocab_size"], D), "model.norm.weight": (D,)}
-  if not c.get("tie_word_embeddings", False): s["lm_head.weight"] = (c["vocab_size"], D)
-  for i in range(c["num_hidden_layers"]):
+  D, hd, H, KV, I = (hf_config[k] for k in ("hidden_size", "head_dim", "num_attention_heads", "num_key_value_heads", "intermediate_size"))
+  s = {"model.embed_tokens.weight": (hf_config["vocab_size"], D), "model.norm.weight": (D,)}
+  if not hf_config.get("tie_word_embeddings", False): s["lm_head.weight"] = (hf_config["vocab_size"], D)
+  for i in range(hf_config["num_hidden_layers"]):
     p = f"model.layers.{i}."
     s |= {p+"input_layernorm.weight": (D,), p+"post_attention_layernorm.weight": (D,), p+"self_attn.o_proj.weight": (D, H*hd),
           p+"self_attn.q_proj.weight": (H*hd, D), p+"self_attn.k_proj.weight": (KV*hd, D), p+"self_attn.v_proj.weight": (KV*hd, D),
           p+"mlp.gate_proj.weight": (I, D), p+"mlp.up_proj.weight": (I, D), p+"mlp.down_proj.weight": (D, I)}
-    if c["qkv_bias"]: s |= {p+"self_attn.q_proj.bias": (H*hd,), p+"self_attn.k_proj.bias": (KV*hd,), p+"self_attn.v_proj.bias": (KV*hd,)}
-    if c["qk_norm"]: s |= {p+"self_attn.q_norm.weight": (hd,), p+"self_attn.k_norm.weight": (hd,)}
+    if hf_config["qkv_bias"]: s |= {p+"self_attn.q_proj.bias": (H*hd,), p+"self_attn.k_proj.bias": (KV*hd,), p+"self_attn.v_proj.bias": (KV*hd,)}
+    if hf_config["qk_norm"]: s |= {p+"self_attn.q_norm.weight": (hd,), p+"self_attn.k_norm.weight": (hd,)}
   return s
 
-def load_weights(model_dir:str, c:dict, dtype, dummy=False) -> dict[str, Tensor]:
-  shapes = weight_shapes(c)
+def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str, Tensor]:
+  shapes = weight_shapes(hf_config)
   if dummy: return {k: Tensor.uniform(*s, low=-0.05, high=0.05, dtype=dtype).realize() for k, s in tqdm(shapes.items(), desc="dummy weights")}
   index = os.path.join(model_dir, "model.safetensors.index.json")
   files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
@@ -42,9 +43,9 @@ def load_weights(model_dir:str, c:dict, dtype, dummy=False) -> dict[str, Tensor]
     return t.to(None).cast(dtype).realize()
   return {k: to_device(disk[k]) for k in tqdm(shapes, desc="loading weights")}
 
-def rope_tables(c:dict, max_len:int) -> tuple[Tensor, Tensor]:
-  hd, r = c["head_dim"], c["rope"]
-  inv = [c["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
+def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
+  hd, r = hf_config["head_dim"], hf_config["rope"]
+  inv = [hf_config["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
   if r.get("rope_type", r.get("type")) == "llama3":   # Llama 3.1: keep high frequencies, slow low ones by `factor`, blend in between
     lo, hi = r["original_max_position_embeddings"] / r["low_freq_factor"], r["original_max_position_embeddings"] / r["high_freq_factor"]
     def scale(f):
@@ -73,11 +74,11 @@ FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_at
 
 class Transformer:
   """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias) and Qwen3 (q/k norm). Attention is passed in, so the model knows nothing of paging."""
-  def __init__(self, c:dict, weights:dict[str, Tensor], max_len:int):
-    self.c, self.w, (self.cos, self.sin) = c, weights, rope_tables(c, max_len)
+  def __init__(self, hf_config:dict, weights:dict[str, Tensor], max_len:int):
+    self.hf_config, self.w, (self.cos, self.sin) = hf_config, weights, rope_tables(hf_config, max_len)
     # vLLM's QKVParallelLinear / MergedColumnParallelLinear: projections of the same input become one matmul. Fewer launches, and a single
     # reduce is what tinygrad's tensor-core path matches (gate and up fused by the scheduler into one two-reduce kernel never used them)
-    for i, (fused, parts) in itertools.product(range(c["num_hidden_layers"]), FUSED.items()):
+    for i, (fused, parts) in itertools.product(range(hf_config["num_hidden_layers"]), FUSED.items()):
       for kind in ("weight", "bias"):
         if f"model.layers.{i}.{parts[0]}.{kind}" in weights:
           weights[f"model.layers.{i}.{fused}.{kind}"] = Tensor.cat(*[weights.pop(f"model.layers.{i}.{n}.{kind}") for n in parts]).realize()
@@ -85,13 +86,19 @@ class Transformer:
 
   def norm(self, x:Tensor, name:str) -> Tensor:
     xf = x.float()
-    return (xf * (xf.square().mean(-1, keepdim=True) + self.c["rms_norm_eps"]).rsqrt()).cast(x.dtype) * self.w[name]
+    return (xf * (xf.square().mean(-1, keepdim=True) + self.hf_config["rms_norm_eps"]).rsqrt()).cast(x.dtype) * self.w[name]
 
   def linear(self, x:Tensor, name:str) -> Tensor:
     w, b = self.w[name+".weight"], self.w.get(name+".bias")
+    # on Hopper our wgmma kernel (gemm.py); elsewhere tinygrad's tensor-core schedule, split over K for skinny outputs
+    if (y := gemm.matmul(x, w)) is not None: return y if b is None else y + b
     if (S := split_k_ways(*x.shape, w.shape[0])) == 1: return x.linear(w.T, b)
     y = matmul_split_k(x, w, S)
     return (y if b is None else y + b).cast(x.dtype)
+
+  def logits(self, h:Tensor) -> Tensor:
+    """h (R, D) final hidden -> (R, vocab) float logits."""
+    return (y if (y := gemm.matmul(h, self.lm_head)) is not None else h @ self.lm_head.T).float()
 
   def rope(self, x:Tensor, cos:Tensor, sin:Tensor) -> Tensor:   # Hugging Face's rotate_half layout
     x1, x2 = x.chunk(2, -1)
@@ -99,14 +106,15 @@ class Transformer:
 
   def __call__(self, tokens:Tensor, positions:Tensor, attention) -> Tensor:
     """tokens, positions: (N,) flattened over the step's sequences; attention(layer, q, k, v) -> (N, H, hd). Returns final hidden (N, D)."""
-    c, N, hd, H, KV = self.c, tokens.shape[0], self.c["head_dim"], self.c["num_attention_heads"], self.c["num_key_value_heads"]
+    hf_config, N = self.hf_config, tokens.shape[0]
+    hd, H, KV = hf_config["head_dim"], hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
     cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
     x = self.w["model.embed_tokens.weight"][tokens]
-    for i in range(c["num_hidden_layers"]):
+    for i in range(hf_config["num_hidden_layers"]):
       p = f"model.layers.{i}."
       h = self.norm(x, p+"input_layernorm.weight")
       q, k, v = [t.reshape(N, -1, hd) for t in self.linear(h, p+"self_attn.qkv_proj").split([H*hd, KV*hd, KV*hd], dim=-1)]
-      if c["qk_norm"]: q, k = self.norm(q, p+"self_attn.q_norm.weight"), self.norm(k, p+"self_attn.k_norm.weight")
+      if hf_config["qk_norm"]: q, k = self.norm(q, p+"self_attn.q_norm.weight"), self.norm(k, p+"self_attn.k_norm.weight")
       x = x + self.linear(attention(i, self.rope(q, cos, sin), self.rope(k, cos, sin), v).reshape(N, -1), p+"self_attn.o_proj")
       h = self.norm(x, p+"post_attention_layernorm.weight")
       gate, up = self.linear(h, p+"mlp.gate_up_proj").chunk(2, -1)

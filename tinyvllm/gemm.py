@@ -1,0 +1,97 @@
+"""The kernel room: a Hopper tensor-core GEMM, y = x @ w.T in bf16 with fp32 accumulation, as CUDA source that tinygrad launches as an
+Ops.PROGRAM through Tensor.custom_kernel, so it stays lazy and replays inside TinyJit's CUDA graph. tinygrad's own matmuls reach ~5% of
+cuBLAS on Hopper: they stage no tiles through shared memory and cannot use wgmma, which needs the sm_90a target tinygrad never sets."""
+import functools
+from tinygrad import Tensor, Device, UOp, dtypes
+from tinygrad.uop.ops import Ops, KernelInfo, ProgramInfo
+from tinygrad.renderer import Estimates
+
+# A CTA computes a BM x BN tile of C = A @ W^T (A: M x K, W: N x K, both K-contiguous, so HF weights need no transpose) with BM/64
+# warpgroups, each a wgmma m64nBNk16 chain reading both operands from shared memory. K streams in 64-wide stages through a ring of ST
+# cp.async buffers, filled ST-2 stages ahead while one wgmma group stays in flight over the barrier and the next loads (retiring every
+# group at once to load ST-1 ahead measured 2-13% slower). In SASS the main loop is HGMMA; the accumulators stay in registers, no spills.
+# - load: a stage is BM rows of A then BN rows of W, 128 bytes each; 16-byte chunk c of row r goes to chunk c^(r%8), the 128-byte swizzle
+#   that wgmma's descriptors (desc: K-major, 8-row groups 1024 bytes apart) read, so a warp's accesses spread over all banks; the swizzle
+#   works on address bits, hence 1024-byte aligned stages. Rows past M copy 0 bytes: cp.async zero-fills them.
+# - main loop: after the wait and the barrier, stage kt has landed and every warpgroup has retired the wgmma group that read stage kt-2,
+#   so that slot is refilled. cp.async writes through the generic proxy and wgmma reads through the async one, hence the proxy fence.
+# - store: a warp holds 16 rows of its warpgroup's 64; a lane rows lane/4 (+8), columns 2*(lane%4)+{0,1} of each 8.
+SRC = r"""typedef unsigned short u16; typedef unsigned u32; constexpr int NT = BM/64*128, SB = (BM+BN)*128;
+__device__ __forceinline__ void load(u32 s, const u16 *A, const u16 *W, int m0, int n0, int k0) {
+  for (int i = threadIdx.x; i < (BM+BN)*8; i += NT) {
+    int r = i/8, c = i%8, a = r < BM, g = a ? m0 + r : n0 + r - BM, ok = !a || g < M;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s + r*128 + ((c ^ r%8) << 4)),
+                 "l"((a ? A : W) + (size_t)(ok ? g : 0)*K + k0 + c*8), "r"(ok ? 16 : 0));
+  }
+  asm volatile("cp.async.commit_group;");
+}
+__device__ __forceinline__ unsigned long long desc(u32 s) { return (s & 0x3FFFF) >> 4 | 1ull << 16 | 64ull << 32 | 1ull << 62; }
+extern "C" __global__ void __launch_bounds__(NT, 228*1024/(ST*SB+2048)) NAME(void *C, const u16 *A, const u16 *W) {
+  extern __shared__ char smem[]; const u32 s0 = ((u32)__cvta_generic_to_shared(smem) + 1023) & ~1023u;
+  const int m0 = blockIdx.x*BM, n0 = blockIdx.y*BN, k0 = blockIdx.z*(K/S), wg = threadIdx.x/128;
+  float d[BN/2] = {};
+  for (int s = 0; s < ST-2; s++) load(s0 + s*SB, A, W, m0, n0, k0 + s*64);
+  for (int kt = 0; kt < K/S/64; kt++) {
+    asm volatile("cp.async.wait_group %0; fence.proxy.async.shared::cta;" :: "n"(ST-3) : "memory");
+    __syncthreads();
+    if (kt + ST-2 < K/S/64) load(s0 + (kt+ST-2)%ST*SB, A, W, m0, n0, k0 + (kt+ST-2)*64); else asm volatile("cp.async.commit_group;");
+    const u32 s = s0 + kt%ST*SB;
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    for (int k = 0; k < 4; k++) MMA(desc(s + wg*8192 + k*32), desc(s + BM*128 + k*32));
+    asm volatile("wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 1;" ::: "memory");
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  const int m = m0 + wg*64 + threadIdx.x%128/32*16 + threadIdx.x%32/4, n = n0 + threadIdx.x%4*2;
+  #pragma unroll
+  for (int j = 0; j < BN/8; j++) for (int h = 0; h < 2; h++) if (m + h*8 < M) {
+    const size_t o = (size_t)(m + h*8)*N + n + j*8;
+    if (S > 1) *(float2*)((float*)C + blockIdx.z*(size_t)M*N + o) = make_float2(d[4*j+2*h], d[4*j+2*h+1]);
+    else asm volatile("{.reg .b32 v; cvt.rn.bf16x2.f32 v, %1, %2; st.global.b32 [%0], v;}" :: "l"((u16*)C + o), "f"(d[4*j+2*h+1]), "f"(d[4*j+2*h]));
+  }
+}"""
+
+SMEM: dict[str, int] = {}   # dynamic shared memory each kernel launches with, by name
+
+@functools.cache
+def _launch_with_smem(program_t:type):
+  # tinygrad's CUDAProgram takes an smem size but is always built without one, so every launch gets 0 bytes of dynamic shared memory
+  init = program_t.__init__
+  program_t.__init__ = lambda self, dev, obj, smem=0: init(self, dev, obj, SMEM.get(obj.name, smem))
+
+@functools.cache
+def _kernel(M:int, N:int, K:int, dev:str, BM:int, BN:int, ST:int, S:int):
+  from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler   # here, so other backends never load CUDA's libraries
+  _launch_with_smem(Device[dev].runtime_t)
+  SMEM[name := f"gemm_{BM}x{BN}x{ST}"] = ST*(BM+BN)*128 + 1024
+  acc = ",".join(f"%{i}" for i in range(BN//2)), ", ".join(f'"+f"(d[{i}])' for i in range(BN//2))   # the accumulator tile: BN/2 per thread
+  mma = f'asm volatile("wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.bf16.bf16 {{{acc[0]}}}, %{BN//2}, %{BN//2+1}, 1, 1, 1, 0, 0;" : {acc[1]}'
+  defs = {"NAME": name, "M": M, "N": N, "K": K, "BM": BM, "BN": BN, "ST": ST, "S": S, "MMA(a, b)": mma + ' : "l"(a), "l"(b))'}
+  src = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SRC
+  lib = NVRTCCompiler("sm_90a", ptx=False).compile_cached(src)
+  # outs/ins are what the JIT's memory planner and the CUDA graph's dependency edges see: C written, A and W read
+  info = ProgramInfo(name, global_size=(-(-M//BM), N//BN, S), local_size=(BM//64*128, 1, 1), globals=(0, 1, 2), outs=(0,), ins=(1, 2),
+                     target=Device[dev].renderer.target)
+  def fxn(C:UOp, A:UOp, W:UOp) -> UOp:   # a PROGRAM whose last src is a BINARY counts as compiled: tinygrad launches it as is
+    sink = UOp.sink(C, A, W, arg=KernelInfo(name=name, estimates=Estimates(ops=2*M*N*K, mem=2*(M*K+N*K+M*N))))
+    return UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(C, A, W)), UOp(Ops.SOURCE, arg=src), UOp(Ops.BINARY, arg=lib)), arg=info)
+  return fxn
+
+def plan(M:int, N:int, K:int) -> tuple[int, int, int, int]:
+  """(BM, BN, stages, S), picked from scripts/bench_gemm.py --sweep on an H100: the large tile where the shape allows, then K split S ways
+  while the CTAs still fit one wave on the 132 SMs, as cuBLAS does for skinny outputs: one CTA's k-loop runs at well under its SM's
+  tensor-core rate, so a grid of few tiles leaves most of the GPU idle."""
+  BM, BN, ST, S = (128, 256, 4, 1) if M > 64 and N % 256 == 0 else (64, 128, 8, 1)
+  while S < 8 and -(-M//BM) * (N//BN) * S * 2 <= 132 and K % (S * 128) == 0 and K // (S * 2) >= 64 * (ST - 2): S *= 2
+  return BM, BN, ST, S
+
+def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None) -> Tensor|None:
+  """x (M, K) @ w (N, K).T on a Hopper GPU under CUDA, or None where the kernel does not apply (the caller keeps tinygrad's matmul)."""
+  (M, K), N = x.shape, w.shape[0]
+  if not (isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and Device[x.device].renderer.target.arch == "sm_90"): return None
+  # from 16 rows it beat tinygrad's schedule (with split-K) on every Llama shape measured; fewer rows are decode GEMVs, left to tinygrad/BEAM
+  if x.dtype != dtypes.bfloat16 or w.dtype != x.dtype or M < 16 or K % 64 or K < 512 or N % 128: return None
+  BM, BN, ST, S = cfg or plan(M, N, K)
+  # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result)
+  out = Tensor.empty(*(S,)*(S > 1), M, N, dtype=dtypes.float if S > 1 else x.dtype, device=x.device)
+  out = out.custom_kernel(x, w, fxn=_kernel(M, N, K, x.device, BM, BN, ST, S))[0]
+  return out.sum(0).cast(x.dtype) if S > 1 else out
