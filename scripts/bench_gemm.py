@@ -16,7 +16,7 @@ import argparse, functools, os, statistics, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinyvllm import gemm
-from tinyvllm.model import split_k_ways, matmul_split_k
+from scripts.bench_kernels import split_k_ways, matmul_split_k
 
 MODELS = {"1B": dict(D=2048, I=8192, H=32, KV=8, hd=64, V=128256), "8B": dict(D=4096, I=14336, H=32, KV=8, hd=128, V=128256)}
 CONFIGS = [(128, 256, 4, S) for S in (1, 2, 4, 8)] + [(64, 128, ST, S) for ST in (4, 8) for S in (1, 2, 4, 8)]   # (BM, BN, stages, split)

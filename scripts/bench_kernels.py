@@ -46,15 +46,28 @@ def mlp_case(N, Dm, I, dt):
     t = best_time(TinyJit(lambda x, cn=cn, ca=ca: mlp(x, cn, ca)), x)
     print(f"MLP N={N}: contiguous norm {cn}, contiguous activation {ca}: {t*1e3:.3f} ms ({2*N*Dm*3*I/t/1e12:.1f} TFLOP/s)", flush=True)
 
+def split_k_ways(N:int, K:int, O:int) -> int:
+  """split-K, the engine's rule before gemm.py (kept here as the old path that this script and bench_gemm.py measure), as cuBLAS does for
+  skinny outputs: a tensor-core matmul (16+ rows) with under 4M outputs gives tinygrad's schedule too few tiles to fill the GPU, so its reduction is split S ways (S times the tiles), each part still a multiple of the tensor cores' 16 (the rule
+  was picked from a measured sweep: BENCHMARKS.md, change 7)."""
+  S = 1
+  while N >= 16 and S < 8 and N * O * S * 2 < 1 << 22 and K % (S * 2 * 16) == 0: S *= 2
+  return S
+
+def matmul_split_k(x, w, S:int):
+  """x (N, K) @ w (O, K).T as S partial matmuls over K/S each (one batched, single-reduce matmul), summed in float32."""
+  (N, K), O = x.shape, w.shape[0]
+  from tinygrad import dtypes
+  return x.reshape(N, S, K//S).permute(1, 0, 2).matmul(w.reshape(O, S, K//S).permute(1, 2, 0), dtype=dtypes.float).contiguous().sum(0)
+
 def linear_case(name, N, K, O, dt, beam):
   from tinygrad import Tensor, TinyJit
   from tinygrad.helpers import Context
-  from tinyvllm.model import split_k_ways, matmul_split_k
   x, w = Tensor.uniform(N, K, dtype=dt).realize(), Tensor.uniform(O, K, dtype=dt, low=-.02, high=.02).realize()
   for S, b in [(S, 0) for S in (1, 2, 4, 8) if K % (S * 16) == 0] + ([(1, beam)] if beam else []):
     f = lambda x, S=S: (x @ w.T if S == 1 else matmul_split_k(x, w, S).cast(dt)).realize()
     with Context(BEAM=b): t = best_time(TinyJit(f), x)
-    pick = " (the model's choice)" if S == split_k_ways(N, K, O) and not b else ""
+    pick = " (the old rule's choice)" if S == split_k_ways(N, K, O) and not b else ""
     print(f"linear {name} N={N} K={K} O={O}: split {S}{f', BEAM={b}' if b else ''}{pick}: {t*1e6:.1f} us ({2*N*K*O/t/1e12:.1f} TFLOP/s)",
           flush=True)
 

@@ -31,7 +31,7 @@ CONFIGS = {
   "llama-tied": lambda: transformers.LlamaConfig(**TINY, tie_word_embeddings=True),
   "qwen2": lambda: transformers.Qwen2Config(**TINY, tie_word_embeddings=True),
   "qwen3": lambda: transformers.Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False),
-  # wide enough that a 40-token step splits every projection's reduction 8 ways (split-K in Transformer.linear), qkv bias included
+  # wider projections (256 / 512), qkv bias included
   "qwen2-split-k": lambda: transformers.Qwen2Config(**(TINY | dict(hidden_size=256, intermediate_size=512)), tie_word_embeddings=True),
 }
 

@@ -57,19 +57,6 @@ def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
   ang = Tensor.arange(max_len).float().reshape(-1, 1) * Tensor(inv).reshape(1, -1)
   return ang.cos().contiguous().realize(), ang.sin().contiguous().realize()
 
-def split_k_ways(N:int, K:int, O:int) -> int:
-  """split-K, as cuBLAS does for skinny outputs: a tensor-core matmul (16+ rows) with under 4M outputs gives tinygrad's schedule too few
-  tiles to fill the GPU, so its reduction is split S ways (S times the tiles), each part still a multiple of the tensor cores' 16 (the rule
-  was picked from a measured sweep: BENCHMARKS.md, change 7)."""
-  S = 1
-  while N >= 16 and S < 8 and N * O * S * 2 < 1 << 22 and K % (S * 2 * 16) == 0: S *= 2
-  return S
-
-def matmul_split_k(x:Tensor, w:Tensor, S:int) -> Tensor:
-  """x (N, K) @ w (O, K).T as S partial matmuls over K/S each (one batched, single-reduce matmul), summed in float32."""
-  (N, K), O = x.shape, w.shape[0]
-  return x.reshape(N, S, K//S).permute(1, 0, 2).matmul(w.reshape(O, S, K//S).permute(1, 2, 0), dtype=dtypes.float).contiguous().sum(0)
-
 FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
 class Transformer:
@@ -90,11 +77,9 @@ class Transformer:
 
   def linear(self, x:Tensor, name:str) -> Tensor:
     w, b = self.w[name+".weight"], self.w.get(name+".bias")
-    # on Hopper our wgmma kernel (gemm.py); elsewhere tinygrad's tensor-core schedule, split over K for skinny outputs
-    if (y := gemm.matmul(x, w)) is not None: return y if b is None else y + b
-    if (S := split_k_ways(*x.shape, w.shape[0])) == 1: return x.linear(w.T, b)
-    y = matmul_split_k(x, w, S)
-    return (y if b is None else y + b).cast(x.dtype)
+    # on Hopper our wgmma kernel (gemm.py); elsewhere tinygrad's own schedule
+    if (y := gemm.matmul(x, w)) is None: return x.linear(w.T, b)
+    return y if b is None else y + b
 
   def logits(self, h:Tensor) -> Tensor:
     """h (R, D) final hidden -> (R, vocab) float logits."""

@@ -72,7 +72,7 @@ class ModelRunner:
       return paged_attention(q, k, v, k_pool, v_pool, block_tables, inputs["token_seq"], inputs["positions"], inputs["cached_lens"],
                              self.config.block_size)
     hidden = self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]]   # only rows that sample need the LM head
-    return (hidden @ self.model.lm_head.T).float()
+    return self.model.logits(hidden)
 
   def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, num_tokens:int, num_rows:int) -> Tensor:
     """Sampling is a graph of its own in two variants, both captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
