@@ -53,3 +53,33 @@ def test_bad_grammars_are_refused_by_name(llm, spec, message):
 def test_sentencepiece_vocabulary_says_so():
   with pytest.raises(ParamError, match="needs a tiktoken or tokenizer.json vocabulary"):
     LLM(enforce_eager=True).generate("x", SamplingParams(structured_outputs={"json_object": True}), use_tqdm=False)
+
+def test_response_format_through_the_openai_client(llm):
+  """The official client against a live server on this vocabulary: json_schema output validates, json_object output is JSON, and a
+  schema llguidance rejects is a 400 naming response_format."""
+  import asyncio, threading, openai, uvicorn
+  from tinyvllm import Config
+  from tinyvllm.llm_engine import AsyncLLM
+  from tinyvllm.serve import build_app
+  engine = AsyncLLM(Config(model=llm.engine.config.model, enforce_eager=True, max_num_seqs=4, max_model_len=1024))
+  server = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning"))
+  thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+  thread.start()
+  while not server.started: thread.join(0.05)
+  port = server.servers[0].sockets[0].getsockname()[1]
+  client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=300, max_retries=0)
+  try:
+    messages = [{"role": "user", "content": "A person as JSON"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    r = client.chat.completions.create(model="tiny", messages=messages, response_format=fmt, max_tokens=300, seed=4)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    r = client.chat.completions.create(model="tiny", messages=messages, response_format={"type": "json_object"}, max_tokens=8)
+    assert r.choices[0].message.content.startswith("{")
+    with pytest.raises(openai.BadRequestError, match="Invalid type") as e:
+      client.chat.completions.create(model="tiny", messages=messages, response_format={"type": "json_schema", "json_schema": {
+        "name": "bad", "schema": {"type": "strin"}}})
+    assert e.value.body["param"] == "response_format"
+  finally:
+    server.should_exit = True
+    thread.join(10)

@@ -36,37 +36,33 @@ METRICS = {"vllm:num_requests_running": "num_running", "vllm:num_requests_waitin
            "vllm:num_preemptions_total": "num_preemptions", "vllm:prompt_tokens_total": "prompt_tokens",
            "vllm:generation_tokens_total": "generation_tokens", "tinyvllm:num_blocks": "num_blocks", "tinyvllm:num_free_blocks": "num_free_blocks"}
 # vLLM's latency histograms (vllm:NAME_seconds) and bucket edges, so its Grafana dashboards read them unchanged
-HISTOGRAMS = {"time_to_first_token": [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640,
-                                      2560],
-              "time_per_output_token": [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80],
-              "e2e_request_latency": [0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680]}
+HISTOGRAMS = {
+  "time_to_first_token": [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560],
+  "time_per_output_token": [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80],
+  "e2e_request_latency": [0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680]}
 
 class APIError(Exception):
   """OpenAI's error body: {"error": {"message", "type", "param", "code"}}; `param` names the request field at fault."""
   def __init__(self, message, status=400, type="invalid_request_error", param=None, code=None):
-    super().__init__(message)
-    self.status, self.type, self.param, self.code = status, type, param, code
+    super().__init__(message); self.status, self.type, self.param, self.code = status, type, param, code
   def body(self): return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
   def response(self): return JSONResponse(self.body(), self.status)
 
 def engine_error(e:Exception) -> APIError:
-  # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message
-  if isinstance(e, EngineError): return APIError("The engine failed while running this request.", 500, "InternalServerError", code=500)
-  return APIError(str(e))   # a ValueError: the engine refused the request, saying why
+  # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message; a ValueError says why the
+  # engine refused the request
+  return APIError("The engine failed while running this request.", 500, "InternalServerError", code=500) if isinstance(e, EngineError) \
+    else APIError(str(e))
 
 def choice(index:int, end:CompletionOutput|None, **content) -> dict:
   # vLLM adds stop_reason to OpenAI's choice: the stop string or token id that ended it
   return {"index": index, **content, "logprobs": None, "finish_reason": end and end.finish_reason, "stop_reason": end and end.stop_reason}
 
 def is_text(content) -> bool:   # a string, or a list of text parts
-  if isinstance(content, str): return True
-  return isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-                                           for part in content)
+  return isinstance(content, str) or isinstance(content, list) and all(
+    isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in content)
 
 def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
-
-async def _disconnected(request):
-  while (await request.receive())["type"] != "http.disconnect": pass
 
 class SSEResponse(StreamingResponse):
   # Starlette cancels the body iterator on disconnect but never closes it; closing it here runs the engine's abort deterministically
@@ -111,8 +107,7 @@ class OpenAIServer:
     for field, value in body.items():
       if value is None: continue   # null means the default
       if field in NOT_YET and value not in NOT_YET[field]: raise APIError(f"'{field}' is not supported yet", param=field)
-      expected = HONOURED.get(field)
-      if expected and (not isinstance(value, expected) or isinstance(value, bool) and expected is not bool):   # JSON's true is no number
+      if (expected := HONOURED.get(field)) and (not isinstance(value, expected) or isinstance(value, bool) and expected is not bool):   # JSON's true is no number
         raise APIError(f"'{field}' has the wrong type", param=field)
     if unknown := [field for field in body if field not in HONOURED and field not in NOT_YET]:
       log.warning("The following fields were present in the request but ignored: %s", unknown[:20])   # as vLLM does
@@ -184,22 +179,16 @@ class OpenAIServer:
           yield "data: [DONE]\n\n"
       return SSEResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     texts, ends = [""] * params.n, [None] * params.n   # ends: the output that finished each choice
-    async def collect():
-      async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
+    async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
+      try:
         async for out in outputs:
+          # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
+          if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
           self.account(out, counts)
           for output in out.outputs:
             texts[output.index] += output.text
             if output.finish_reason: ends[output.index] = output
-    # uvicorn does not cancel a handler whose client left: watch for it, so a dropped request stops using KV blocks
-    task, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_disconnected(request))
-    await asyncio.wait([task, gone], return_when=asyncio.FIRST_COMPLETED)
-    gone.cancel()
-    if not task.done():
-      task.cancel()   # cancelling reaches the engine's generator, which aborts
-      return Response(status_code=499)
-    try: task.result()
-    except (EngineError, ValueError) as e: raise engine_error(e)
+      except (EngineError, ValueError) as e: raise engine_error(e)
     choices = [choice(i, ends[i], message={"role": "assistant", "content": texts[i]}) for i in range(params.n)]
     return JSONResponse({**head, "choices": choices, "usage": usage()})
 
@@ -241,8 +230,8 @@ def cli() -> argparse.ArgumentParser:
   comments = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(Config), re.M))
   for field in dataclasses.fields(Config):
     kind = next((t for t in typing.get_args(field.type) if t is not type(None)), field.type)
-    how = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
-    parser.add_argument("--" + field.name.replace("_", "-"), help=comments[field.name].replace("%", "%%"), **how)
+    parser.add_argument("--" + field.name.replace("_", "-"), help=comments[field.name].replace("%", "%%"),
+                        **({"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}))
   parser.add_argument("--served-model-name", help="the model's name in the API; default: the model folder's or hub id's name")
   parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
   parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
