@@ -5,15 +5,12 @@ from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, Reques
 from tinyvllm.tokenizer import Tokenizer, IncrementalDetokenizer
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
-from tinyvllm.sampler import grammar_tokenizer, compile_grammar, LLMatcher
 
 log = logging.getLogger("tinyvllm")
 
 class EngineError(RuntimeError):
   """The step that held these requests failed: they were aborted (their blocks are back) and the engine carries on without them."""
-  def __init__(self, request_ids:list[str]):
-    super().__init__("the engine failed while running this request")
-    self.request_ids = request_ids
+  def __init__(self, request_ids:list[str]): super().__init__("the engine failed while running this request"); self.request_ids = request_ids
 
 class LLMEngine:
   """The engine loop of vLLM: requests in, one scheduler step + one model step per iteration, text deltas out."""
@@ -29,7 +26,6 @@ class LLMEngine:
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
     self.requests: dict[str, list[Sequence]] = {}
-    self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
     if not config.enforce_eager: self.runner.capture_graphs()
 
   def prompt_ids(self, prompt:str|list[int]|dict) -> list[int]:
@@ -46,13 +42,12 @@ class LLMEngine:
 
   def add_request(self, prompt:str|list[int]|dict, params:SamplingParams, request_id:str|None=None) -> str:
     ids = self.prompt_ids(prompt)
-    grammar = params.structured_outputs and compile_grammar(params.structured_outputs, self.grammar_tokenizer)
     if (request_id := request_id or uuid.uuid4().hex) in self.requests: raise ValueError(f"request id {request_id!r} is already running")
     # forked siblings get distinct seeds, so n > 1 with one seed still gives n different samples; the step buffer carries 31 bits
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31)
     parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
     seqs = [parent] + [Sequence(request_id, ids, params, i, parent, (seed + i) & 0x7fffffff) for i in range(1, params.n)]
-    for seq in seqs: seq.detok, seq.matcher = IncrementalDetokenizer(self.tokenizer, ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
+    for seq in seqs: seq.detok = IncrementalDetokenizer(self.tokenizer, ids)
     self.requests[request_id] = seqs
     self.scheduler.waiting.extend(seqs)
     return request_id
@@ -106,18 +101,17 @@ class LLM:
     request_ids = [self.engine.add_request(ids, sp) for ids, sp in zip(prompt_ids, params)]
     results = {rid: RequestOutput(rid, ids, [CompletionOutput(i, "", []) for i in range(sp.n)])
                for rid, ids, sp in zip(request_ids, prompt_ids, params)}
-    bar, start, num_tokens = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
+    bar, start = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm), time.perf_counter()
     try:
       while self.engine.has_unfinished():
         for out in self.engine.step():
           result = results[out.request_id]
           result.finished, result.metrics = out.finished, out.metrics
-          for delta in out.outputs:
-            merged = result.outputs[delta.index]
-            merged.text, merged.token_ids = merged.text + delta.text, merged.token_ids + delta.token_ids
-            merged.finish_reason, merged.stop_reason = delta.finish_reason, delta.stop_reason
-            num_tokens += len(delta.token_ids)
+          for delta in out.outputs:   # offline outputs are whole: the deltas add up
+            old = result.outputs[delta.index]
+            result.outputs[delta.index] = dataclasses.replace(delta, text=old.text + delta.text, token_ids=old.token_ids + delta.token_ids)
           bar.update(out.finished)
+        num_tokens = sum(len(output.token_ids) for result in results.values() for output in result.outputs)
         bar.set_description(f"generate {num_tokens / (time.perf_counter() - start):.0f} tok/s")
     finally:
       for rid in request_ids: self.engine.abort(rid)   # after an error, none of this call's requests is left behind

@@ -1,4 +1,4 @@
-import functools, itertools, logging, numpy as np, llguidance.numpy
+import functools, itertools, logging, numpy as np
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config
@@ -36,8 +36,7 @@ class ModelRunner:
     kv_gb = config.kv_cache_memory if config.kv_cache_memory is not None else self.default_kv_gb(enough)
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1)
     self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)   # one sequence must always fit, or preemption can't help
-    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.2f GB)", self.num_blocks, block_size, self.num_blocks * block_size,
-             self.num_blocks * bytes_per_block / 1e9)
+    log.info("KV cache: %d blocks of %d tokens, %.2f GB", self.num_blocks, block_size, self.num_blocks * bytes_per_block / 1e9)
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
     self.kv = [[Tensor.zeros(*pool_shape, dtype=self.dtype).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     self.max_blocks = -(-self.max_model_len // block_size)
@@ -74,12 +73,12 @@ class ModelRunner:
     hidden = self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]]   # only rows that sample need the LM head
     return self.model.logits(hidden)
 
-  def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, num_tokens:int, num_rows:int) -> Tensor:
-    """Sampling is a graph of its own in two variants, both captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
-    several passes over the vocabulary, so a batch whose requests use none of them runs the plain one."""
+  def sample(self, step_buffer:Tensor, logits:Tensor, *, num_tokens:int, num_rows:int, filtered:bool) -> Tensor:
+    """Sampling is a graph of its own in two variants, both captured at start-up: the filtering one (top-k, top-p) costs several passes
+    over the vocabulary, so a batch whose requests use neither runs the plain one."""
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
-    filters = () if allowed is None else (inputs["top_k"], floats("top_p"), allowed)
+    filters = (inputs["top_k"], floats("top_p")) if filtered else ()
     return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
 
   def run(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered:bool=False) -> list[int]:
@@ -108,26 +107,16 @@ class ModelRunner:
     rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
     sampling = num_cached + num_new == length   # sequences whose last token is computed sample one
     num_sampled = int(sampling.sum())
-    rows["logits_idx"][:num_sampled], rows["seeds"][:num_sampled] = np.cumsum(num_new)[sampling] - 1, seed[sampling]
-    rows["out_positions"][:num_sampled] = length[sampling]
-    rows["top_k"][:num_sampled] = np.where(top_k[sampling] > 0, np.minimum(top_k[sampling], vocab_size), vocab_size)
-    rows["temperatures"][:num_sampled] = temperature[sampling].view(np.int32)
-    rows["top_p"][:num_sampled] = top_p[sampling].view(np.int32)
-    sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
-    filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 for s in sampled)
-    def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
-      if self.config.enforce_eager: return fxn(*args, num_tokens=num_tokens, num_rows=num_rows)
-      return self.graphs.setdefault((graph, num_tokens), TinyJit(functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)))(*args)
-    logits = call(("model",), self.forward, step_buffer := Tensor(step_buffer))
-    out = call(("sampler", filtered), self.sample, step_buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
+    per_sample = {"logits_idx": np.cumsum(num_new) - 1, "seeds": seed, "out_positions": length, "temperatures": temperature.view(np.int32),
+                  "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p.view(np.int32)}
+    for name, values in per_sample.items(): rows[name][:num_sampled] = values[sampling]
+    filtered = filtered or any(seq.params.top_k > 0 or seq.params.top_p < 1 for seq, _ in batch)
+    def call(graph:str, fxn, *args, **options):   # each (graph, options, token bucket) is a TinyJit graph
+      fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows, **options)
+      return fxn(*args) if self.config.enforce_eager else self.graphs.setdefault((graph, *options.values(), num_tokens), TinyJit(fxn))(*args)
+    logits = call("model", self.forward, step_buffer := Tensor(step_buffer))
+    out = call("sampler", self.sample, step_buffer, logits, filtered=filtered)
     return out.tolist()[:num_sampled]
-
-  def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
-    """Each sampled row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
-    words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
-    for row, seq in enumerate(sampled):
-      if seq.matcher: llguidance.numpy.fill_next_token_bitmask(seq.matcher, words, row)
-    return Tensor(words)
 
   def capture_graphs(self):
     """Capture every step graph before serving (a TinyJit compiles on its first call and records on its second), so no request pays
