@@ -8,14 +8,14 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "
 
 def read_config(model_dir:str) -> dict:
   if not os.path.isfile(path := os.path.join(model_dir, "config.json")): raise FileNotFoundError(f"no model at {model_dir!r}: {path} not found")
-  cfg = json.load(open(path))
-  if (arch := (cfg.get("architectures") or ["?"])[0]) not in ARCHITECTURES:
+  raw = json.load(open(path))
+  if (arch := (raw.get("architectures") or ["?"])[0]) not in ARCHITECTURES:
     raise ValueError(f"unsupported architecture {arch!r} in {path}; tinyvllm runs {', '.join(ARCHITECTURES)}")
-  rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}   # transformers 5 moved rope_theta into rope_parameters
-  return cfg | {"head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"], "rope": rope,
-                "num_key_value_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-                "rope_theta": cfg.get("rope_theta") or rope.get("rope_theta", 10000.0),
-                "qkv_bias": arch == "Qwen2ForCausalLM" or cfg.get("attention_bias", False), "qk_norm": arch == "Qwen3ForCausalLM"}
+  rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}   # transformers 5 moved rope_theta into rope_parameters
+  return raw | {"head_dim": raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"], "rope": rope,
+                "num_key_value_heads": raw.get("num_key_value_heads") or raw["num_attention_heads"],
+                "rope_theta": raw.get("rope_theta") or rope.get("rope_theta", 10000.0),
+                "qkv_bias": arch == "Qwen2ForCausalLM" or raw.get("attention_bias", False), "qk_norm": arch == "Qwen3ForCausalLM"}
 
 def weight_shapes(hf_config:dict) -> dict[str, tuple[int, ...]]:
   """Every tensor the decoder needs, by Hugging Face name: used to check a checkpoint and to build dummy weights."""

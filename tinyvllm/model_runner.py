@@ -36,7 +36,7 @@ class ModelRunner:
     kv_gb = config.kv_cache_memory if config.kv_cache_memory is not None else self.default_kv_gb(enough)
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1)
     self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)   # one sequence must always fit, or preemption can't help
-    log.info("KV cache: %d blocks of %d tokens, %.2f GB", self.num_blocks, block_size, self.num_blocks * bytes_per_block / 1e9)
+    log.info("KV cache: %d tokens in %d blocks, %.2f GB", self.num_blocks * block_size, self.num_blocks, self.num_blocks * bytes_per_block / 1e9)
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
     self.kv = [[Tensor.zeros(*pool_shape, dtype=self.dtype).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     self.max_blocks = -(-self.max_model_len // block_size)

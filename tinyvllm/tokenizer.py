@@ -5,7 +5,7 @@ import jinja2, jinja2.ext, jinja2.sandbox, sentencepiece, tiktoken, tokenizers
 LLAMA3_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
-def _name(tok): return tok.get("content") if isinstance(tok, dict) else tok
+def _name(token): return token.get("content") if isinstance(token, dict) else token
 def _text(c): return c if c is None or isinstance(c, str) else "\n".join(p["text"] for p in c if p.get("type") == "text")  # vLLM joins parts
 def _raise(msg): raise jinja2.exceptions.TemplateError(msg)
 
@@ -13,9 +13,9 @@ class Tokenizer:
   """sentencepiece, Llama 3 tiktoken ranks or any HF tokenizer.json (run by HF's own `tokenizers`), with HF's special-token and
   chat-template rules."""
   def __init__(self, model_dir:str):
-    cfg, stm = _json(model_dir, "tokenizer_config.json"), _json(model_dir, "special_tokens_map.json")
-    dec, path = cfg.get("added_tokens_decoder", {}), os.path.join(model_dir, "tokenizer.model")
-    added, skip = {v["content"]: int(k) for k, v in dec.items()}, {int(k) for k, v in dec.items() if v["special"]}
+    config, special_map = _json(model_dir, "tokenizer_config.json"), _json(model_dir, "special_tokens_map.json")
+    added_decoder, path = config.get("added_tokens_decoder", {}), os.path.join(model_dir, "tokenizer.model")
+    added, skip = {v["content"]: int(k) for k, v in added_decoder.items()}, {int(k) for k, v in added_decoder.items() if v["special"]}
     self.sp, self.hf, fmt_bos, add_bos, name = None, None, None, True, os.path.basename(model_dir)
     if os.path.isfile(path) and re.match(rb"[A-Za-z0-9+/=]+ \d+\r?\n", data := pathlib.Path(path).read_bytes()):  # Llama 3: "<base64> <rank>" lines
       ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in data.splitlines() if line.strip())}
@@ -24,7 +24,7 @@ class Tokenizer:
       self.sp = sp = sentencepiece.SentencePieceProcessor(model_proto=data)
       ctl = {sp.id_to_piece(i): i for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i)}
       added, skip, fmt_bos = ctl | added, skip | set(ctl.values()), sp.id_to_piece(sp.bos_id()) if sp.bos_id() >= 0 else None
-      stm.setdefault("eos_token", sp.id_to_piece(sp.eos_id()) if sp.eos_id() >= 0 else None)
+      special_map.setdefault("eos_token", sp.id_to_piece(sp.eos_id()) if sp.eos_id() >= 0 else None)
     elif os.path.isfile(path := os.path.join(model_dir, "tokenizer.json")):
       try: self.hf = hf = tokenizers.Tokenizer.from_file(path)
       except Exception as e: raise ValueError(f"{model_dir}: tokenizer.json could not be read ({e})") from None
@@ -37,12 +37,13 @@ class Tokenizer:
     base_vocab = self.sp.get_piece_size() if self.sp else self.hf.get_vocab_size() if self.hf else self.enc.n_vocab
     self.vocab_size = max([base_vocab, *(i + 1 for i in added.values())])
     self.special_re = re.compile("(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True))) + ")") if added else None
-    self.bos_token, self.eos_token = _name(cfg.get("bos_token", stm.get("bos_token", fmt_bos))), _name(cfg.get("eos_token", stm.get("eos_token")))
+    self.bos_token = _name(config.get("bos_token", special_map.get("bos_token", fmt_bos)))
+    self.eos_token = _name(config.get("eos_token", special_map.get("eos_token")))
     self.bos_id = added.get(self.bos_token)
-    self.add_bos = cfg.get("add_bos_token", add_bos) and self.bos_id is not None
+    self.add_bos = config.get("add_bos_token", add_bos) and self.bos_id is not None
     eos = [_json(model_dir, f).get("eos_token_id") for f in ("generation_config.json", "config.json")] + [added.get(self.eos_token)]
     self.eos_ids = {i for x in eos for i in (x if isinstance(x, list) else [x]) if i is not None}
-    tmpl = cfg.get("chat_template")
+    tmpl = config.get("chat_template")
     if isinstance(tmpl, list): tmpl = {t["name"]: t["template"] for t in tmpl}.get("default")  # some configs hold several named templates
     if tmpl is None and os.path.isfile(p := os.path.join(model_dir, "chat_template.jinja")): tmpl = pathlib.Path(p).read_text(encoding="utf-8")
     # the environment transformers renders chat templates in, so that prompts match HF's apply_chat_template
@@ -77,17 +78,17 @@ class IncrementalDetokenizer:
   """vLLM's detokenizer: decode a short window of tokens with and without the new ones and emit the difference. Decoding in context keeps
   the leading space sentencepiece drops from a text's first token; holding back on a trailing U+FFFD waits for a character's last byte."""
   def __init__(self, tokenizer:Tokenizer, prompt_ids:list[int]):
-    self.tok, self.ids = tokenizer, list(prompt_ids)
+    self.tokenizer, self.ids = tokenizer, list(prompt_ids)
     self.prefix_offset, self.read_offset = max(len(self.ids) - 5, 0), len(self.ids)
     self.prefix_text = tokenizer.decode(self.ids[self.prefix_offset:])
 
   def add(self, new_ids:list[int]) -> str:
     self.ids.extend(new_ids)
-    new_text = self.tok.decode(self.ids[self.prefix_offset:])
+    new_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
     if len(new_text) <= len(self.prefix_text) or new_text.endswith("\ufffd"): return ""
     delta = new_text[len(self.prefix_text):]
     # this window's text is the next one's context, so most tokens cost one decode, not two; past 6 tokens the window restarts at the
     # last emitted chunk (vLLM's window), keeping decodes short
-    if len(self.ids) - self.prefix_offset > 6: self.prefix_offset, new_text = self.read_offset, self.tok.decode(self.ids[self.read_offset:])
+    if len(self.ids) - self.prefix_offset > 6: self.prefix_offset, new_text = self.read_offset, self.tokenizer.decode(self.ids[self.read_offset:])
     self.prefix_text, self.read_offset = new_text, len(self.ids)
     return delta
