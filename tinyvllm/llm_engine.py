@@ -101,7 +101,7 @@ class LLM:
     request_ids = [self.engine.add_request(ids, sp) for ids, sp in zip(prompt_ids, params)]
     results = {rid: RequestOutput(rid, ids, [CompletionOutput(i, "", []) for i in range(sp.n)])
                for rid, ids, sp in zip(request_ids, prompt_ids, params)}
-    bar, start = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm), time.perf_counter()
+    bar, start, num_tokens = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
     try:
       while self.engine.has_unfinished():
         for out in self.engine.step():
@@ -110,8 +110,8 @@ class LLM:
           for delta in out.outputs:   # offline outputs are whole: the deltas add up
             old = result.outputs[delta.index]
             result.outputs[delta.index] = dataclasses.replace(delta, text=old.text + delta.text, token_ids=old.token_ids + delta.token_ids)
+            num_tokens += len(delta.token_ids)
           bar.update(out.finished)
-        num_tokens = sum(len(output.token_ids) for result in results.values() for output in result.outputs)
         bar.set_description(f"generate {num_tokens / (time.perf_counter() - start):.0f} tok/s")
     finally:
       for rid in request_ids: self.engine.abort(rid)   # after an error, none of this call's requests is left behind
