@@ -12,7 +12,7 @@ distinct weights, so launches amortize and the weights stream from memory as in 
 
   DEV=CUDA python scripts/bench_gemm.py                      # the table for BENCHMARKS.md
   DEV=CUDA python scripts/bench_gemm.py --sweep --m 64 256   # every config at each shape: what gemm.plan was picked from"""
-import argparse, functools, os, statistics, sys, time
+import argparse, os, statistics, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinyvllm import gemm
