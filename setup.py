@@ -11,8 +11,9 @@ setup(
   include_package_data=True,
   python_requires=">=3.10",
   install_requires=["tinygrad==0.14.0", "safetensors", "tiktoken", "sentencepiece", "starlette", "uvicorn", "jinja2", "numpy",
-                    "tokenizers", "huggingface_hub", "prometheus-client"],
+                    "tokenizers", "huggingface_hub", "prometheus-client",
+                    "llguidance"],
   # torch is left out on purpose: the tests need transformers' reference logits on the CPU, and torch's default wheel on Linux is a
   # multi-gigabyte CUDA build. Install the CPU build first (README), then this extra.
-  extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx"]},
+  extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx", "jsonschema"]},
 )

@@ -6,8 +6,8 @@
 2. MLP: the down matmul reading silu(gate)*up fused into its loads vs from a contiguous buffer (and the norm made contiguous too);
 3. linear: each projection's matmul with tinygrad's default tensor-core schedule vs split over its reduction (K) into S partial matmuls
    summed afterwards, and (--beam) with tinygrad's BEAM search;
-4. sampler: `sample` on (R, vocab) float32 logits, plain (temperature + Gumbel-max) and with top-k/top-p (why the runner keeps the
-   filtering variant in a graph of its own, used only by batches that need it).
+4. sampler: `sample` on (R, vocab) float32 logits, plain (temperature + Gumbel-max), with a grammar bitmask, and with the mask plus
+   top-k/top-p (why the runner keeps the filtering variant in a graph of its own, used only by batches that need it).
 
   python scripts/bench_kernels.py --device CUDA
   python scripts/bench_kernels.py --device CUDA --only linear --beam 2
@@ -72,14 +72,15 @@ def linear_case(name, N, K, O, dt, beam):
           flush=True)
 
 def sampler_case(R, V):
-  from tinygrad import Tensor, TinyJit
+  from tinygrad import Tensor, TinyJit, dtypes
   from tinyvllm.sampler import sample
   rng = np.random.default_rng(0)
   logits = Tensor(rng.standard_normal((R, V)).astype(np.float32)).realize()
   temperatures, seeds = Tensor(np.full(R, 0.6, np.float32)).realize(), Tensor(np.arange(R, dtype=np.int32)).realize()
   positions = Tensor(np.arange(R, dtype=np.int32) + 100).realize()
   top_k, top_p = Tensor(np.full(R, V, np.int32)).realize(), Tensor(np.ones(R, np.float32)).realize()
-  variants = {"plain": (), "+ top-k/top-p": (top_k, top_p)}
+  allowed = Tensor.full((R, -(-V // 32)), -1, dtype=dtypes.int32).contiguous().realize()
+  variants = {"plain": (), "+ grammar mask": (None, None, allowed), "+ grammar mask + top-k/top-p": (top_k, top_p, allowed)}
   for name, filters in variants.items():
     f = TinyJit(lambda *args, filters=filters: sample(*args, *filters).contiguous().realize())
     print(f"sampler R={R} V={V} {name}: {best_time(f, logits, temperatures, seeds, positions)*1e3:.3f} ms", flush=True)

@@ -5,6 +5,7 @@ from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, Reques
 from tinyvllm.tokenizer import Tokenizer, IncrementalDetokenizer
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
+from tinyvllm.sampler import grammar_tokenizer, compile_grammar, LLMatcher
 
 log = logging.getLogger("tinyvllm")
 
@@ -26,6 +27,7 @@ class LLMEngine:
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
     self.requests: dict[str, list[Sequence]] = {}
+    self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
     if not config.enforce_eager: self.runner.capture_graphs()
 
   def prompt_ids(self, prompt:str|list[int]|dict) -> list[int]:
@@ -42,12 +44,13 @@ class LLMEngine:
 
   def add_request(self, prompt:str|list[int]|dict, params:SamplingParams, request_id:str|None=None) -> str:
     ids = self.prompt_ids(prompt)
+    grammar = params.structured_outputs and compile_grammar(params.structured_outputs, self.grammar_tokenizer)
     if (request_id := request_id or uuid.uuid4().hex) in self.requests: raise ValueError(f"request id {request_id!r} is already running")
     # forked siblings get distinct seeds, so n > 1 with one seed still gives n different samples; the step buffer carries 31 bits
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31)
     parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
     seqs = [parent] + [Sequence(request_id, ids, params, i, parent, (seed + i) & 0x7fffffff) for i in range(1, params.n)]
-    for seq in seqs: seq.detok = IncrementalDetokenizer(self.tokenizer, ids)
+    for seq in seqs: seq.detok, seq.matcher = IncrementalDetokenizer(self.tokenizer, ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
     self.requests[request_id] = seqs
     self.scheduler.waiting.extend(seqs)
     return request_id

@@ -1,4 +1,4 @@
-import functools, itertools, logging, numpy as np
+import functools, itertools, logging, numpy as np, llguidance.numpy
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config
@@ -73,12 +73,12 @@ class ModelRunner:
     hidden = self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]]   # only rows that sample need the LM head
     return self.model.logits(hidden)
 
-  def sample(self, step_buffer:Tensor, logits:Tensor, *, num_tokens:int, num_rows:int, filtered:bool) -> Tensor:
-    """Sampling is a graph of its own in two variants, both captured at start-up: the filtering one (top-k, top-p) costs several passes
-    over the vocabulary, so a batch whose requests use neither runs the plain one."""
+  def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, num_tokens:int, num_rows:int) -> Tensor:
+    """Sampling is a graph of its own in two variants, both captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
+    several passes over the vocabulary, so a batch whose requests use none of them runs the plain one."""
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
-    filters = (inputs["top_k"], floats("top_p")) if filtered else ()
+    filters = () if allowed is None else (inputs["top_k"], floats("top_p"), allowed)
     return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
 
   def run(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered:bool=False) -> list[int]:
@@ -110,13 +110,21 @@ class ModelRunner:
     per_sample = {"logits_idx": np.cumsum(num_new) - 1, "seeds": seed, "out_positions": length, "temperatures": temperature.view(np.int32),
                   "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p.view(np.int32)}
     for name, values in per_sample.items(): rows[name][:num_sampled] = values[sampling]
-    filtered = filtered or any(seq.params.top_k > 0 or seq.params.top_p < 1 for seq, _ in batch)
-    def call(graph:str, fxn, *args, **options):   # each (graph, options, token bucket) is a TinyJit graph
-      fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows, **options)
-      return fxn(*args) if self.config.enforce_eager else self.graphs.setdefault((graph, *options.values(), num_tokens), TinyJit(fxn))(*args)
-    logits = call("model", self.forward, step_buffer := Tensor(step_buffer))
-    out = call("sampler", self.sample, step_buffer, logits, filtered=filtered)
+    sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
+    filtered = filtered or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 for seq in sampled)
+    def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
+      fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)
+      return fxn(*args) if self.config.enforce_eager else self.graphs.setdefault((graph, num_tokens), TinyJit(fxn))(*args)
+    logits = call(("model",), self.forward, step_buffer := Tensor(step_buffer))
+    out = call(("sampler", filtered), self.sample, step_buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
     return out.tolist()[:num_sampled]
+
+  def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
+    """Each sampled row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
+    words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
+    for row, seq in enumerate(sampled):
+      if seq.matcher: llguidance.numpy.fill_next_token_bitmask(seq.matcher, words, row)
+    return Tensor(words)
 
   def capture_graphs(self):
     """Capture every step graph before serving (a TinyJit compiles on its first call and records on its second), so no request pays

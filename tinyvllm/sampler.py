@@ -1,6 +1,32 @@
-"""Sampling on device: temperature, top-k, top-p and seeded Gumbel-max."""
-import math
+"""Sampling on device, inside the step's graph: grammar masks, temperature, top-k, top-p and seeded Gumbel-max, one graph for every mix
+of requests. Structured outputs are llguidance grammars (as in vLLM, SGLang and llama.cpp): a per-row bitmask of allowed tokens."""
+import json, math
+import llguidance, llguidance.tiktoken
+from llguidance import LLMatcher
 from tinygrad import Tensor, dtypes
+from tinyvllm.sequence import ParamError
+
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}   # json.dumps' layout: no endless whitespace
+GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE),   # vLLM's structured-output kinds
+            "json_object": lambda _: LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE),
+            "regex": LLMatcher.grammar_from_regex, "grammar": LLMatcher.grammar_from_lark,
+            "choice": lambda choices: LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, choices)))}
+
+def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer | None:
+  """llguidance's view of the vocabulary, built once per model (~0.4 s at 128k tokens); sentencepiece vocabularies have none here."""
+  eos = sorted(tokenizer.eos_ids)
+  if tokenizer.hf: return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=eos)
+  if tokenizer.sp is None: return llguidance.tiktoken.lltokenizer_from_encoding(tokenizer.enc, n_vocab=vocab_size, eos_token=eos)
+
+def compile_grammar(structured_outputs:dict, tokenizer:llguidance.LLTokenizer | None) -> str:
+  """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} as a checked grammar."""
+  if tokenizer is None: raise ParamError("structured_outputs", "needs a tiktoken or tokenizer.json vocabulary")
+  if not isinstance(structured_outputs, dict) or len(structured_outputs) != 1 or next(iter(structured_outputs)) not in GRAMMARS:
+    raise ParamError("structured_outputs", f"takes one of {sorted(GRAMMARS)}")
+  try: grammar = GRAMMARS[kind := next(iter(structured_outputs))](structured_outputs[kind])
+  except (ValueError, TypeError) as e: raise ParamError("structured_outputs", f"{kind} is not valid: {e}") from None
+  if error := LLMatcher.validate_grammar(grammar, tokenizer): raise ParamError("structured_outputs", error)
+  return grammar
 
 def hash_uniform(seeds:Tensor, positions:Tensor, vocab_size:int) -> Tensor:
   """(R, V) uniforms in (0, 1) that are a pure function of (request seed, output position, token id): a counter-based RNG, so a seeded
@@ -21,9 +47,14 @@ def threshold(probs:Tensor, enough, ways:int=16, rounds:int=6) -> Tensor:
     hi = (passed < ways).where(candidates.gather(-1, passed.minimum(ways - 1)), hi)
   return lo
 
-def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, top_k:Tensor|None=None, top_p:Tensor|None=None) -> Tensor:
-  """Greedy rows take the argmax; the others draw by Gumbel-max (argmax of logits/T + Gumbel noise, an exact softmax sample). With
-  top_k/top_p given, vLLM's top-k then top-p set is kept; rows that set neither pass through those filters unchanged."""
+def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, top_k:Tensor|None=None, top_p:Tensor|None=None,
+           allowed:Tensor|None=None) -> Tensor:
+  """Greedy rows take the argmax; the others draw by Gumbel-max (argmax of logits/T + Gumbel noise, an exact softmax sample). With the
+  filters given, tokens outside a row's grammar are masked first (allowed: a bitmask, 32 tokens per int32 word, all ones without a
+  grammar) and vLLM's top-k then top-p set is kept; rows without top-k/top-p pass through those unchanged."""
+  if allowed is not None:
+    bits = ((allowed.unsqueeze(-1) >> Tensor.arange(32, dtype=dtypes.int32)) & 1).reshape(logits.shape[0], -1)[:, :logits.shape[1]]
+    logits = (bits != 0).where(logits, -math.inf)
   x = logits / temperatures.maximum(1e-5).unsqueeze(1)
   if top_k is not None: x = top_k_top_p(x, top_k, top_p)
   gumbel = -(-hash_uniform(seeds, positions, logits.shape[1]).log()).log()

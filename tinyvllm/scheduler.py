@@ -54,6 +54,7 @@ class Scheduler:
     reason = stop_reason = None
     if token in params.stop_token_ids: reason, stop_reason = "stop", token
     elif token in self.eos_ids and not params.ignore_eos: reason = "stop"
+    elif seq.matcher and (not seq.matcher.consume_token(token) or seq.matcher.is_stopped()): reason = "stop"   # the grammar is complete
     for stop in params.stop:   # a match can only start in the new text or in the len(stop) - 1 held characters before it
       if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
         seq.held_text = seq.held_text[:i + len(stop) if params.include_stop_str_in_output else i]

@@ -37,6 +37,7 @@ class SamplingParams:
   stop_token_ids: list[int] = field(default_factory=list)
   ignore_eos: bool = False
   include_stop_str_in_output: bool = False
+  structured_outputs: dict | None = None   # {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}
   def __post_init__(self):
     for name in RANGES:
       if name != "seed" or self.seed is not None: setattr(self, name, checked(name, getattr(self, name)))
@@ -75,6 +76,7 @@ class Sequence:
     self.status, self.finish_reason = Status.WAITING, None
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
     self.held_text, self.detok = "", None   # detokenized text not yet emitted: it may be the start of a stop string
+    self.matcher = None                     # llguidance's state of its grammar (structured outputs)
     self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)
   @property

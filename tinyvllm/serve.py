@@ -11,6 +11,7 @@ from starlette.routing import Route
 from tinyvllm.config import Config
 from tinyvllm.sequence import CompletionOutput, ParamError, SamplingParams
 from tinyvllm.llm_engine import AsyncLLM, EngineError
+from tinyvllm.sampler import compile_grammar
 
 MAX_BODY = 1 << 20
 log = logging.getLogger("tinyvllm.serve")
@@ -18,15 +19,16 @@ log = logging.getLogger("tinyvllm.serve")
 # ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
 HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": (int, float), "top_p": (int, float),
             "top_k": int, "seed": int, "n": int, "stop": (str, list), "stop_token_ids": list, "stream": bool, "stream_options": dict,
-            "ignore_eos": bool, "include_stop_str_in_output": bool, "user": str, "safety_identifier": str, "prompt_cache_key": str}
+            "ignore_eos": bool, "include_stop_str_in_output": bool, "user": str, "safety_identifier": str, "prompt_cache_key": str,
+            "response_format": dict, "structured_outputs": dict}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
 # other value is a 400 naming the field. Issue #14 turns most of them into features.
 NOT_YET = {field: no_ops for no_ops, fields in [
   ([False], "logprobs echo store use_beam_search continue_final_message"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
   ([0], "top_logprobs presence_penalty frequency_penalty min_p min_tokens"), ([1], "repetition_penalty best_of"), ([[]], "tools functions bad_words"),
-  ([{}], "logit_bias metadata chat_template_kwargs"), (["none", "auto"], "tool_choice function_call"), ([{"type": "text"}], "response_format"),
+  ([{}], "logit_bias metadata chat_template_kwargs"), (["none", "auto"], "tool_choice function_call"),
   (["auto", "default"], "service_tier"), ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs "
-   "allowed_token_ids chat_template structured_outputs guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
+   "allowed_token_ids chat_template guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
 SAMPLING = ("n", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # vLLM's metric names (so its dashboards work) over engine.stats() keys; the raw block counts let tests check for leaks
 METRICS = {"vllm:num_requests_running": "num_running", "vllm:num_requests_waiting": "num_waiting", "vllm:kv_cache_usage_perc": "kv_cache_usage",
@@ -124,8 +126,19 @@ class OpenAIServer:
     max_tokens_field = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
     context = self.config.max_model_len
     max_tokens = body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1)   # default: the rest of the context
-    try: params = SamplingParams(max_tokens=max_tokens, **{k: body[k] for k in SAMPLING if body.get(k) is not None})
-    except ParamError as e: raise APIError(str(e), param=max_tokens_field if e.param == "max_tokens" else e.param)
+    # OpenAI's response_format as vLLM's structured outputs; the grammar is compiled here, so a bad schema is a 400 before any stream
+    structured, response_format = body.get("structured_outputs"), body.get("response_format") or {"type": "text"}
+    if (kind := response_format.get("type")) not in ("text", "json_object", "json_schema"):
+      raise APIError("response_format's type must be text, json_object or json_schema", param="response_format")
+    if kind != "text":
+      schema = response_format.get("json_schema")
+      structured = {"json_object": True} if kind == "json_object" else {"json": schema.get("schema") if isinstance(schema, dict) else None}
+    try:
+      params = SamplingParams(max_tokens=max_tokens, structured_outputs=structured, **{k: body[k] for k in SAMPLING if body.get(k) is not None})
+      if structured: compile_grammar(structured, self.llm.engine.grammar_tokenizer)
+    except ParamError as e:
+      renamed = {"max_tokens": max_tokens_field, "structured_outputs": "structured_outputs" if body.get("structured_outputs") else "response_format"}
+      raise APIError(str(e), param=renamed.get(e.param, e.param))
     if len(prompt) + params.max_tokens > context:
       raise APIError(f"This model's maximum context length is {context} tokens. However, you requested {len(prompt) + params.max_tokens} "
                      f"tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")

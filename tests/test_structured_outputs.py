@@ -1,0 +1,85 @@
+"""Structured outputs through llguidance grammars, on a random-weight Llama with Llama 3's 128k vocabulary: whatever the random logits
+prefer, every finished output parses and validates (jsonschema is the independent judge); rows without a grammar sample as before."""
+import json, os, shutil, jsonschema, pytest, torch, transformers
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.sequence import ParamError
+
+LLAMA3 = os.path.join(os.path.dirname(__file__), "data", "llama3-tiktoken")
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pet", "address"], "properties": {
+  "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+  "pet": {"enum": ["cat", "dog", "none"]}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+  "address": {"type": "object", "additionalProperties": False, "required": ["city"],
+              "properties": {"city": {"type": "string", "maxLength": 10}, "zip": {"type": "integer", "minimum": 0, "maximum": 99999}}}}}
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):   # a random Llama of Llama 3's vocabulary and tokenizer, saved by transformers
+  path = tmp_path_factory.mktemp("llama3_vocab")
+  torch.manual_seed(0)
+  cfg = transformers.LlamaConfig(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
+  transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+  for name in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"): shutil.copy(os.path.join(LLAMA3, name), path)
+  return LLM(str(path), max_num_seqs=64, max_num_batched_tokens=64, max_model_len=1024)
+
+def test_json_schema_outputs_always_validate(llm):
+  params = SamplingParams(temperature=1.0, max_tokens=400, structured_outputs={"json": SCHEMA})
+  outs = llm.generate(["Tell me about a person as JSON."] * 50, params, use_tqdm=False)
+  assert len({o.outputs[0].text for o in outs}) > 40   # random weights at T=1: genuinely different documents
+  for out in outs:
+    assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
+    jsonschema.validate(json.loads(out.outputs[0].text), SCHEMA)
+
+def test_choice_regex_and_json_object(llm):
+  choice = llm.generate(["Pick"] * 8, SamplingParams(seed=2, structured_outputs={"choice": ["yes", "no way", 'say "hi"']}), use_tqdm=False)
+  assert all(o.outputs[0].text in ("yes", "no way", 'say "hi"') for o in choice)
+  regex = llm.generate(["Date"] * 8, SamplingParams(seed=3, max_tokens=30, structured_outputs={"regex": r"20[0-9]{2}-(0[1-9]|1[0-2])"}),
+                       use_tqdm=False)
+  assert all(len(o.outputs[0].text) == 7 and o.outputs[0].text[:2] == "20" and o.outputs[0].text[4] == "-" for o in regex)
+  obj = llm.generate("JSON", SamplingParams(temperature=0, max_tokens=500, structured_outputs={"json_object": True}), use_tqdm=False)[0]
+  assert obj.outputs[0].text.startswith("{")   # greedy on random weights: it may not close within max_tokens, but it is JSON so far
+
+def test_rows_without_a_grammar_are_unchanged(llm):
+  plain = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+  alone = llm.generate(["Once upon a time"], plain, use_tqdm=False)[0].outputs[0].token_ids
+  mixed = llm.generate(["Once upon a time", "x"], [plain, SamplingParams(structured_outputs={"json": SCHEMA})], use_tqdm=False)
+  assert mixed[0].outputs[0].token_ids == alone
+
+@pytest.mark.parametrize("spec,message", [({"json": {"type": "strin"}}, "Invalid type"), ({"json": {"not": {}}}, "Unimplemented keys"),
+                                          ({"regex": "(?=a)"}, "look-around"), ({"xml": "<a/>"}, "takes one of"), ("json", "takes one of")])
+def test_bad_grammars_are_refused_by_name(llm, spec, message):
+  with pytest.raises(ParamError, match=message) as e: llm.generate("x", SamplingParams(structured_outputs=spec), use_tqdm=False)
+  assert e.value.param == "structured_outputs" and not llm.engine.has_unfinished()
+
+def test_sentencepiece_vocabulary_says_so():
+  with pytest.raises(ParamError, match="needs a tiktoken or tokenizer.json vocabulary"):
+    LLM(enforce_eager=True).generate("x", SamplingParams(structured_outputs={"json_object": True}), use_tqdm=False)
+
+def test_response_format_through_the_openai_client(llm):
+  """The official client against a live server on this vocabulary: json_schema output validates, json_object output is JSON, and a
+  schema llguidance rejects is a 400 naming response_format."""
+  import asyncio, threading, openai, uvicorn
+  from tinyvllm import Config
+  from tinyvllm.llm_engine import AsyncLLM
+  from tinyvllm.serve import build_app
+  engine = AsyncLLM(Config(model=llm.engine.config.model, enforce_eager=True, max_num_seqs=4, max_model_len=1024))
+  server = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning"))
+  thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+  thread.start()
+  while not server.started: thread.join(0.05)
+  port = server.servers[0].sockets[0].getsockname()[1]
+  client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=300, max_retries=0)
+  try:
+    messages = [{"role": "user", "content": "A person as JSON"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    r = client.chat.completions.create(model="tiny", messages=messages, response_format=fmt, max_tokens=300, seed=4)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    r = client.chat.completions.create(model="tiny", messages=messages, response_format={"type": "json_object"}, max_tokens=8)
+    assert r.choices[0].message.content.startswith("{")
+    with pytest.raises(openai.BadRequestError, match="Invalid type") as e:
+      client.chat.completions.create(model="tiny", messages=messages, response_format={"type": "json_schema", "json_schema": {
+        "name": "bad", "schema": {"type": "strin"}}})
+    assert e.value.body["param"] == "response_format"
+  finally:
+    server.should_exit = True
+    thread.join(10)
