@@ -1,7 +1,7 @@
 import asyncio, dataclasses, gc, logging, os, queue, random, threading, time, uuid
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config, model_path, select_device
-from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, RequestOutput
+from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
 from tinyvllm.tokenizer import Tokenizer, IncrementalDetokenizer
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
@@ -74,11 +74,11 @@ class LLMEngine:
 
   def request_output(self, request_id:str, deltas:list[CompletionOutput]) -> RequestOutput:
     seqs = self.requests[request_id]
-    if not all(s.is_finished for s in seqs): return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas)
+    if not all(s.status == Status.FINISHED for s in seqs): return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas)
     del self.requests[request_id]
     metrics = {"arrival_time": seqs[0].arrival_time, "first_token_time": min(s.first_token_time for s in seqs),
                "finish_time": max(s.finish_time for s in seqs), "num_prompt_tokens": seqs[0].num_prompt_tokens,
-               "num_generation_tokens": sum(len(s.output_ids) for s in seqs)}
+               "num_generation_tokens": sum(len(s) - s.num_prompt_tokens for s in seqs)}
     return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, True, metrics)
 
   def stats(self) -> dict:

@@ -81,7 +81,3 @@ class Sequence:
   def __len__(self): return len(self.token_ids)
   @property
   def num_prompt_tokens(self): return len(self.prompt_token_ids)
-  @property
-  def output_ids(self): return self.token_ids[self.num_prompt_tokens:]
-  @property
-  def is_finished(self): return self.status == Status.FINISHED
