@@ -222,5 +222,8 @@ def test_chat_template_file_and_eos_union(tmp_path):
 
 def test_missing_or_unknown_tokenizer(tmp_path):
   with pytest.raises(FileNotFoundError, match=str(tmp_path)): Tokenizer(str(tmp_path))
+  (tmp_path / "tokenizer.model").write_bytes(STORIES_SP.read_bytes())  # sentencepiece only: the error says how to convert it
+  with pytest.raises(FileNotFoundError, match=re.escape(f"no tokenizer.json in {tmp_path}: ") + ".*from_pretrained.*save_pretrained"):
+    Tokenizer(str(tmp_path))
   (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {}}, "pre_tokenizer": {"type": "BertPreTokenizer"}}))
   with pytest.raises(ValueError, match=str(tmp_path)): Tokenizer(str(tmp_path))
