@@ -10,10 +10,10 @@ setup(
   package_data={"tinyvllm": ["stories260K/*"]},  # the bundled default model ships with the package
   include_package_data=True,
   python_requires=">=3.10",
-  install_requires=["tinygrad==0.14.0", "safetensors", "tiktoken", "sentencepiece", "starlette", "uvicorn", "jinja2", "numpy",
-                    "tokenizers", "huggingface_hub", "prometheus-client",
-                    "llguidance"],
+  install_requires=["tinygrad==0.14.0", "safetensors", "starlette", "uvicorn", "jinja2", "numpy", "tokenizers", "huggingface_hub",
+                    "prometheus-client", "llguidance"],
   # torch is left out on purpose: the tests need transformers' reference logits on the CPU, and torch's default wheel on Linux is a
-  # multi-gigabyte CUDA build. Install the CPU build first (README), then this extra.
-  extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx", "jsonschema"]},
+  # multi-gigabyte CUDA build. Install the CPU build first (README), then this extra. sentencepiece, tiktoken and protobuf read the
+  # original tokenizer files in tests/data: references, and what transformers converts to the tokenizer.json the tests load.
+  extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx", "jsonschema", "sentencepiece", "tiktoken", "protobuf"]},
 )

@@ -24,14 +24,19 @@ def model_folder(args) -> tuple[str | None, str]:
   """(model folder, load_format) for the engine."""
   if not args.config: return args.model, "auto"
   # scripts/configs/<name> holds only config.json: dummy weights (load_format="dummy") and no tokenizer. LLMEngine always builds
-  # Tokenizer(model_dir), so run from a temp copy with a tokenizer beside the config: Llama 3's 128k BPE from tests/data for the large
-  # vocabularies (so the server benchmark streams real text; ids past its 128,256 decode to ""), stories260K's for small ones.
+  # Tokenizer(model_dir), so run from a temp copy with a tokenizer.json beside the config: Llama 3's 128k BPE for the large vocabularies
+  # (so the server benchmark streams real text; ids past its 128,256 decode to ""), made with transformers from Meta's ranks file in
+  # tests/data as tests/conftest.py makes it (~10 s), and stories260K's for small ones or without transformers.
   os.makedirs(dst := os.path.join(tempfile.mkdtemp(prefix="tinyvllm-bench-"), args.config))
   shutil.copy(os.path.join(HERE, "configs", args.config, "config.json"), dst)
   llama3 = os.path.join(os.path.dirname(HERE), "tests", "data", "llama3-tiktoken")
-  big = json.load(open(os.path.join(dst, "config.json")))["vocab_size"] >= 128256 and os.path.isdir(llama3)
-  for f in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json") if big else ("tokenizer.model",):
-    shutil.copy(os.path.join(llama3 if big else BUNDLED_MODEL, f), dst)
+  if json.load(open(os.path.join(dst, "config.json")))["vocab_size"] >= 128256 and os.path.isdir(llama3):
+    try:
+      from transformers import AutoTokenizer
+      AutoTokenizer.from_pretrained(llama3, add_bos_token=True).save_pretrained(dst)
+      return dst, "dummy"
+    except ImportError: print("no transformers to make Llama 3's tokenizer.json: stories260K's tokenizer stands in (ids past 512 decode to '')")
+  for f in ("tokenizer.json", "tokenizer_config.json"): shutil.copy(os.path.join(BUNDLED_MODEL, f), dst)
   return dst, "dummy"
 
 def best_time(fn, *args, reps=5, inner=10) -> float:

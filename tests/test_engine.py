@@ -80,7 +80,7 @@ def tiny_llama(tmp_path_factory):   # a random fp32 Llama with stories260K's tok
   cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                  num_key_value_heads=1, max_position_embeddings=512, architectures=["LlamaForCausalLM"])
   transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-  shutil.copy(os.path.join(BUNDLED_MODEL, "tokenizer.model"), path)
+  for name in ("tokenizer.json", "tokenizer_config.json"): shutil.copy(os.path.join(BUNDLED_MODEL, name), path)
   return str(path)
 
 def test_preemption_with_tiny_pool_keeps_outputs(tiny_llama):

@@ -1,10 +1,9 @@
 """Structured outputs through llguidance grammars, on a random-weight Llama with Llama 3's 128k vocabulary: whatever the random logits
 prefer, every finished output parses and validates (jsonschema is the independent judge); rows without a grammar sample as before."""
-import json, os, shutil, jsonschema, pytest, torch, transformers
+import json, shutil, jsonschema, pytest, torch, transformers
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.sequence import ParamError
 
-LLAMA3 = os.path.join(os.path.dirname(__file__), "data", "llama3-tiktoken")
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pet", "address"], "properties": {
   "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
   "pet": {"enum": ["cat", "dog", "none"]}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
@@ -12,13 +11,13 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
               "properties": {"city": {"type": "string", "maxLength": 10}, "zip": {"type": "integer", "minimum": 0, "maximum": 99999}}}}}
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory):   # a random Llama of Llama 3's vocabulary and tokenizer, saved by transformers
+def llm(tmp_path_factory, llama3_dir):   # a random Llama of Llama 3's vocabulary and tokenizer.json (conftest.py), saved by transformers
   path = tmp_path_factory.mktemp("llama3_vocab")
   torch.manual_seed(0)
   cfg = transformers.LlamaConfig(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                  num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
   transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-  for name in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"): shutil.copy(os.path.join(LLAMA3, name), path)
+  shutil.copytree(llama3_dir, path, dirs_exist_ok=True)
   return LLM(str(path), max_num_seqs=64, max_num_batched_tokens=64, max_model_len=1024)
 
 def test_json_schema_outputs_always_validate(llm):
@@ -50,9 +49,9 @@ def test_bad_grammars_are_refused_by_name(llm, spec, message):
   with pytest.raises(ParamError, match=message) as e: llm.generate("x", SamplingParams(structured_outputs=spec), use_tqdm=False)
   assert e.value.param == "structured_outputs" and not llm.engine.has_unfinished()
 
-def test_sentencepiece_vocabulary_says_so():
-  with pytest.raises(ParamError, match="needs a tiktoken or tokenizer.json vocabulary"):
-    LLM(enforce_eager=True).generate("x", SamplingParams(structured_outputs={"json_object": True}), use_tqdm=False)
+def test_bundled_vocabulary_takes_grammars():   # stories260K's tokenizer.json, made from sentencepiece ("▁" pieces, byte fallback)
+  outs = LLM(enforce_eager=True).generate(["Pick"] * 8, SamplingParams(seed=1, structured_outputs={"choice": ["yes", "no way"]}), use_tqdm=False)
+  assert all(o.outputs[0].text in ("yes", "no way") for o in outs)
 
 def test_response_format_through_the_openai_client(llm):
   """The official client against a live server on this vocabulary: json_schema output validates, json_object output is JSON, and a

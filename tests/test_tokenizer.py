@@ -1,23 +1,29 @@
-"""Tokenizer tests against independent references: ids recorded with sentencepiece / tiktoken (tests/data/*), the `tokenizers` library
-and transformers' apply_chat_template. The Llama 2 / Llama 3 tokenizer files in tests/data are Meta's (licenses beside them)."""
-import json, pathlib, random
-import jinja2, pytest
-from tinyvllm.tokenizer import Tokenizer, IncrementalDetokenizer, LLAMA3_PAT
+"""Tokenizer tests against independent references: ids recorded with sentencepiece / tiktoken (tests/data/*) and those libraries
+themselves, the `tokenizers` library and transformers' apply_chat_template. The Llama 2 / Llama 3 tokenizer files in tests/data are
+Meta's (licenses beside them); tinyvllm reads the tokenizer.json that conftest.py makes of them with transformers."""
+import json, pathlib, random, re
+import jinja2, pytest, sentencepiece, tiktoken.load, tokenizers
+from tinyvllm.tokenizer import Tokenizer, IncrementalDetokenizer
+from conftest import DATA, sentencepiece_to_hf
 
-DATA = pathlib.Path(__file__).parent / "data"
 STORIES = pathlib.Path(__file__).parents[1] / "tinyvllm" / "stories260K"
-FOLDERS = {"llama3": DATA / "llama3-tiktoken", "llama2": DATA / "llama2-sentencepiece", "stories": STORIES}
+STORIES_SP = DATA / "stories260K-sentencepiece" / "tokenizer.model"  # the original of the bundled tokenizer.json
+# Meta's Llama 3 split regex (the tiktoken ranks file does not carry it; transformers' TikTokenConverter splits with it)
+LLAMA3_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 MULTIBYTE = ["naïve café, Straße, crème brûlée", "日本語のテキストと中文字符", "emoji 🦙🚀👍🏽 and 👨‍👩‍👧 family", "Ελληνικά, русский, עברית, العربية",
              "mixed: a🦙b日c é\tdone\n", "The quick brown fox jumps over the lazy dog."]
 
-@pytest.fixture(scope="module", params=list(FOLDERS))
-def tok(request): return Tokenizer(str(FOLDERS[request.param]))
+@pytest.fixture(scope="module")
+def folders(llama3_dir, llama2_dir): return {"llama3": llama3_dir, "llama2": llama2_dir, "stories": STORIES}
 
-@pytest.mark.parametrize("folder,ref", [(FOLDERS["llama3"], DATA / "llama3-tiktoken" / "reference_encodings.json"),
-                                        (FOLDERS["llama2"], DATA / "llama2-sentencepiece" / "reference_encodings.json"),
-                                        (STORIES, DATA / "tokenizer_reference.json")])
-def test_reference_encodings(folder, ref):
-  ref, tok = json.loads(ref.read_text()), Tokenizer(str(folder))
+@pytest.fixture(scope="module", params=["llama3", "llama2", "stories"])
+def tok(request, folders): return Tokenizer(str(folders[request.param]))
+
+@pytest.mark.parametrize("name,ref", [("llama3", DATA / "llama3-tiktoken" / "reference_encodings.json"),
+                                      ("llama2", DATA / "llama2-sentencepiece" / "reference_encodings.json"),
+                                      ("stories", DATA / "tokenizer_reference.json")])
+def test_reference_encodings(folders, name, ref):
+  ref, tok = json.loads(ref.read_text()), Tokenizer(str(folders[name]))
   assert (tok.vocab_size, tok.bos_id) == (ref["vocab_size"], ref["bos_id"])
   for case in ref["cases"]:
     assert tok.encode(case["text"], add_special_tokens=False) == case["token_ids"], case["text"]
@@ -29,9 +35,9 @@ def test_reference_encodings(folder, ref):
     assert tok.decode(case["token_ids"]) == "user\n\nHi!"
   if "eos_id" in ref: assert ref["eos_id"] in tok.eos_ids
 
-def test_llama3_special_tokens():
-  tok, ref = Tokenizer(str(FOLDERS["llama3"])), json.loads((DATA / "llama3-tiktoken" / "reference_encodings.json").read_text())
-  assert LLAMA3_PAT == ref["pat_str"]
+def test_llama3_special_tokens(folders):
+  tok, ref = Tokenizer(str(folders["llama3"])), json.loads((DATA / "llama3-tiktoken" / "reference_encodings.json").read_text())
+  assert LLAMA3_PAT == ref["pat_str"] == json.loads(tok.hf.to_str())["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
   assert all(tok.specials[name] == i for name, i in ref["special_tokens_first"].items())
   assert len(tok.specials) == ref["n_special_tokens"] and 128009 in tok.eos_ids  # eos_token <|eot_id|> from tokenizer_config.json
 
@@ -59,18 +65,18 @@ def test_incremental_detokenizer(tok, text):
       while left: chunks.append(n := min(left, rng.randint(1, 3))); left -= n
     det, deltas = _deltas(tok, prompt_ids, out_ids, chunks)
     assert "".join(deltas) == expect and not any("\ufffd" in d for d in deltas)
-  if tok.sp is None: assert expect == tok.decode(out_ids)  # byte-level BPE keeps the space anyway
+  if isinstance(tok.hf.decoder, tokenizers.decoders.ByteLevel): assert expect == tok.decode(out_ids)  # byte-level BPE keeps the space anyway
 
-def test_incremental_holds_back_partial_characters():
+def test_incremental_holds_back_partial_characters(folders):
   for folder in ("llama3", "llama2"):
-    tok = Tokenizer(str(FOLDERS[folder]))
+    tok = Tokenizer(str(folders[folder]))
     prompt_ids, out_ids = tok.encode("Hi"), tok.encode("🦙🦙", add_special_tokens=False)  # byte tokens in both
     det, deltas = _deltas(tok, prompt_ids, out_ids, [1] * len(out_ids))
     assert "" in deltas and not any("\ufffd" in d for d in deltas)
     assert "".join(deltas) == tok.decode(prompt_ids + out_ids)[len(tok.decode(prompt_ids)):] and "".join(deltas).endswith("🦙🦙")
 
-def test_incremental_window_is_bounded():
-  tok, calls = Tokenizer(str(FOLDERS["llama3"])), []
+def test_incremental_window_is_bounded(folders):
+  tok, calls = Tokenizer(str(folders["llama3"])), []
   decode = tok.decode
   tok.decode = lambda ids: (calls.append(len(ids)), decode(ids))[1]
   out_ids = tok.encode(" ".join(MULTIBYTE * 5), add_special_tokens=False)
@@ -103,6 +109,33 @@ VARIED = CORPUS + ["", " ", "  two  spaces\n\n\nnewlines\r\n", "numbers 12345678
                    "def f(x):\n    return {'a': [1, 2]}  # code", "unknown word qwertyuiopzxcv", "I'M SURE THEY'LL SAY IT'S FINE"]
 _POOL = list("aeiou tnsrhldAEIOUTN  \n\t\r0123456789.,;:!?'\"-_()[]{}<|>éüßçñ日本語中文🦙👍\u0301\u200d") + ["'s", "'ll", "<|eot_id|>", "  ", "\n\n"]
 VARIED += ["".join(random.Random(i).choices(_POOL, k=random.Random(-i).randint(1, 60))) for i in range(300)]  # seeded fuzz strings
+# sentencepiece's whitespace rules (dummy prefix, remove_extra_whitespaces) and its own "▁" in the text, special tokens in the text
+_SP_POOL = _POOL + ["▁", "▁▁x", "   ", " \n ", "<s>", "</s>", "<unk>", "\u3000", "\xa0"]
+FUZZ = VARIED + ["".join(random.Random(i).choices(_SP_POOL, k=random.Random(-i).randint(1, 60))) for i in range(300, 600)]
+
+def _original(name, tok):
+  """Encode with the original tokenizer file and its own library: tiktoken for Llama 3, sentencepiece for the others, where (as in HF's
+  Llama tokenizers) special-token strings are cut out first and each piece of text between them is encoded alone."""
+  if name == "llama3":
+    ranks = tiktoken.load.load_tiktoken_bpe(str(DATA / "llama3-tiktoken" / "tokenizer.model"))
+    enc = tiktoken.Encoding("llama3", pat_str=LLAMA3_PAT, mergeable_ranks=ranks, special_tokens=tok.specials)
+    return lambda text: enc.encode(text, allowed_special="all"), enc.decode
+  sp = sentencepiece.SentencePieceProcessor(model_file=str(STORIES_SP if name == "stories" else DATA / "llama2-sentencepiece" / "tokenizer.model"))
+  split = re.compile("(<unk>|<s>|</s>)").split  # re.split puts the special tokens at odd indices
+  return lambda text: [i for j, p in enumerate(split(text)) for i in ([sp.piece_to_id(p)] if j % 2 else sp.encode(p))], sp.decode
+
+@pytest.mark.parametrize("name", ["llama3", "llama2", "stories"])
+def test_matches_sentencepiece_and_tiktoken(folders, name):
+  tok = Tokenizer(str(folders[name]))
+  encode, decode = _original(name, tok)
+  for text in FUZZ:
+    assert tok.encode(text, add_special_tokens=False) == (ids := encode(text)), text
+    if "▁" not in text:  # sentencepiece drops every leading "▁" piece on decode, HF one space (stories260K/SOURCES.md)
+      assert tok.decode(ids) == decode([i for i in ids if i not in tok.skip]), text
+
+def test_bundled_tokenizer_json_is_its_conversion(tmp_path):  # tinyvllm/stories260K/SOURCES.md: made by conftest.sentencepiece_to_hf
+  sentencepiece_to_hf(STORIES_SP, tmp_path)
+  for name in ("tokenizer.json", "tokenizer_config.json"): assert json.loads((tmp_path / name).read_text()) == json.loads((STORIES / name).read_text())
 
 def _train(path, style):
   from tokenizers import Tokenizer as HFTokenizer, Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -167,8 +200,8 @@ def test_chat_template_matches_transformers(tmp_path, template):
   if template is CHATML_TEMPLATE:
     with pytest.raises(jinja2.exceptions.TemplateError, match="bad role"): tok.apply_chat_template([{"role": "robot", "content": "x"}])
 
-def test_chat_content_parts_and_fallback():
-  tok = Tokenizer(str(FOLDERS["llama3"]))
+def test_chat_content_parts_and_fallback(folders):
+  tok = Tokenizer(str(folders["llama3"]))
   parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "image_url", "image_url": {}}, {"type": "text", "text": "there"}]}]
   assert tok.apply_chat_template(parts) == tok.apply_chat_template([{"role": "user", "content": "Hi\nthere"}])
   ids = tok.encode_chat([{"role": "user", "content": "Hi!"}])
@@ -189,5 +222,8 @@ def test_chat_template_file_and_eos_union(tmp_path):
 
 def test_missing_or_unknown_tokenizer(tmp_path):
   with pytest.raises(FileNotFoundError, match=str(tmp_path)): Tokenizer(str(tmp_path))
+  (tmp_path / "tokenizer.model").write_bytes(STORIES_SP.read_bytes())  # sentencepiece only: the error says how to convert it
+  with pytest.raises(FileNotFoundError, match=re.escape(f"no tokenizer.json in {tmp_path}: ") + ".*from_pretrained.*save_pretrained"):
+    Tokenizer(str(tmp_path))
   (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {}}, "pre_tokenizer": {"type": "BertPreTokenizer"}}))
   with pytest.raises(ValueError, match=str(tmp_path)): Tokenizer(str(tmp_path))

@@ -1,7 +1,7 @@
 """Sampling on device, inside the step's graph: grammar masks, temperature, top-k, top-p and seeded Gumbel-max, one graph for every mix
 of requests. Structured outputs are llguidance grammars (as in vLLM, SGLang and llama.cpp): a per-row bitmask of allowed tokens."""
 import json, math
-import llguidance, llguidance.tiktoken
+import llguidance
 from llguidance import LLMatcher
 from tinygrad import Tensor, dtypes
 from tinyvllm.sequence import ParamError
@@ -12,11 +12,9 @@ GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, de
             "regex": LLMatcher.grammar_from_regex, "grammar": LLMatcher.grammar_from_lark,
             "choice": lambda choices: LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, choices)))}
 
-def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer | None:
-  """llguidance's view of the vocabulary, built once per model (~0.4 s at 128k tokens); sentencepiece vocabularies have none here."""
-  eos = sorted(tokenizer.eos_ids)
-  if tokenizer.hf: return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=eos)
-  if tokenizer.sp is None: return llguidance.tiktoken.lltokenizer_from_encoding(tokenizer.enc, n_vocab=vocab_size, eos_token=eos)
+def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
+  """llguidance's view of the vocabulary (it reads the tokenizer.json itself), built once per model (~0.4 s at 128k tokens)."""
+  return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))
 
 def compile_grammar(structured_outputs:dict, tokenizer:llguidance.LLTokenizer | None) -> str:
   """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} as a checked grammar."""

@@ -1,8 +1,5 @@
-import base64, datetime, json, os, pathlib, re
-import jinja2, jinja2.ext, jinja2.sandbox, sentencepiece, tiktoken, tokenizers
-
-# Meta's Llama 3 split regex (the ranks file does not carry it)
-LLAMA3_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+import datetime, json, os, pathlib
+import jinja2, jinja2.ext, jinja2.sandbox, tokenizers
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
 def _name(token): return token.get("content") if isinstance(token, dict) else token
@@ -10,38 +7,26 @@ def _text(c): return c if c is None or isinstance(c, str) else "\n".join(p["text
 def _raise(msg): raise jinja2.exceptions.TemplateError(msg)
 
 class Tokenizer:
-  """sentencepiece, Llama 3 tiktoken ranks or any HF tokenizer.json (run by HF's own `tokenizers`), with HF's special-token and
-  chat-template rules."""
+  """A Hugging Face tokenizer.json (as every hub model folder carries), run by HF's own `tokenizers`, with HF's special-token, BOS/EOS
+  and chat-template rules. sentencepiece and tiktoken `tokenizer.model` files need converting once: transformers writes tokenizer.json."""
   def __init__(self, model_dir:str):
+    if not os.path.isfile(path := os.path.join(model_dir, "tokenizer.json")):
+      raise FileNotFoundError(f"no tokenizer.json in {model_dir}: from a tokenizer.model, transformers' "
+                              "AutoTokenizer.from_pretrained(model_dir).save_pretrained(model_dir) writes one")
+    try: self.hf = hf = tokenizers.Tokenizer.from_file(path)
+    except Exception as e: raise ValueError(f"{model_dir}: tokenizer.json could not be read ({e})") from None
     config, special_map = _json(model_dir, "tokenizer_config.json"), _json(model_dir, "special_tokens_map.json")
-    added_decoder, path = config.get("added_tokens_decoder", {}), os.path.join(model_dir, "tokenizer.model")
-    added, skip = {v["content"]: int(k) for k, v in added_decoder.items()}, {int(k) for k, v in added_decoder.items() if v["special"]}
-    self.sp, self.hf, fmt_bos, add_bos, name = None, None, None, True, os.path.basename(model_dir)
-    if os.path.isfile(path) and re.match(rb"[A-Za-z0-9+/=]+ \d+\r?\n", data := pathlib.Path(path).read_bytes()):  # Llama 3: "<base64> <rank>" lines
-      ranks = {base64.b64decode(t): int(r) for t, r in (line.split() for line in data.splitlines() if line.strip())}
-      self.enc = tiktoken.Encoding(name, pat_str=LLAMA3_PAT, mergeable_ranks=ranks, special_tokens=added)
-    elif os.path.isfile(path):  # binary protobuf: sentencepiece. Its control pieces (<s>, </s>) and <unk> are special tokens
-      self.sp = sp = sentencepiece.SentencePieceProcessor(model_proto=data)
-      ctl = {sp.id_to_piece(i): i for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i)}
-      added, skip, fmt_bos = ctl | added, skip | set(ctl.values()), sp.id_to_piece(sp.bos_id()) if sp.bos_id() >= 0 else None
-      special_map.setdefault("eos_token", sp.id_to_piece(sp.eos_id()) if sp.eos_id() >= 0 else None)
-    elif os.path.isfile(path := os.path.join(model_dir, "tokenizer.json")):
-      try: self.hf = hf = tokenizers.Tokenizer.from_file(path)
-      except Exception as e: raise ValueError(f"{model_dir}: tokenizer.json could not be read ({e})") from None
-      added = {t.content: i for i, t in hf.get_added_tokens_decoder().items()}
-      skip = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
-      # HF adds BOS in the post-processor ("<bos> $A"), not with a flag: what it adds to an empty text is the BOS
-      add_bos = (fmt_bos := next(iter(hf.encode("").tokens), None)) is not None
-    else: raise FileNotFoundError(f"no tokenizer in {model_dir}: expected tokenizer.model (sentencepiece or tiktoken ranks) or tokenizer.json")
-    self.specials, self.skip = added, skip
-    base_vocab = self.sp.get_piece_size() if self.sp else self.hf.get_vocab_size() if self.hf else self.enc.n_vocab
-    self.vocab_size = max([base_vocab, *(i + 1 for i in added.values())])
-    self.special_re = re.compile("(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True))) + ")") if added else None
+    # added tokens: their strings in a text encode to their ids, and the special ones are left out of decoded text
+    self.specials = {t.content: i for i, t in hf.get_added_tokens_decoder().items()}
+    self.skip = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+    self.vocab_size = max([hf.get_vocab_size(), *(i + 1 for i in self.specials.values())])
+    # HF adds BOS in the post-processor ("<bos> $A"), not with a flag: what it adds to an empty text is the BOS
+    fmt_bos = next(iter(hf.encode("").tokens), None)
     self.bos_token = _name(config.get("bos_token", special_map.get("bos_token", fmt_bos)))
     self.eos_token = _name(config.get("eos_token", special_map.get("eos_token")))
-    self.bos_id = added.get(self.bos_token)
-    self.add_bos = config.get("add_bos_token", add_bos) and self.bos_id is not None
-    eos = [_json(model_dir, f).get("eos_token_id") for f in ("generation_config.json", "config.json")] + [added.get(self.eos_token)]
+    self.bos_id = self.specials.get(self.bos_token)
+    self.add_bos = config.get("add_bos_token", fmt_bos is not None) and self.bos_id is not None
+    eos = [_json(model_dir, f).get("eos_token_id") for f in ("generation_config.json", "config.json")] + [self.specials.get(self.eos_token)]
     self.eos_ids = {i for x in eos for i in (x if isinstance(x, list) else [x]) if i is not None}
     tmpl = config.get("chat_template")
     if isinstance(tmpl, list): tmpl = {t["name"]: t["template"] for t in tmpl}.get("default")  # some configs hold several named templates
@@ -53,16 +38,11 @@ class Tokenizer:
     self.chat_template = env.from_string(tmpl) if tmpl else None
 
   def encode(self, text:str, add_special_tokens:bool=True) -> list[int]:
-    if self.hf: ids = self.hf.encode(text, add_special_tokens=False).ids
-    elif self.sp is None: ids = self.enc.encode(text, allowed_special="all")
-    else:  # split out special-token strings (re.split puts them at odd indices) as HF's Llama tokenizer does
-      parts = self.special_re.split(text) if self.special_re else [text]
-      ids = [i for j, p in enumerate(parts) for i in ([self.specials[p]] if j % 2 else self.sp.encode(p))]
+    ids = self.hf.encode(text, add_special_tokens=False).ids  # BOS is ours to add (add_bos_token may override the post-processor)
     return [self.bos_id] + ids if add_special_tokens and self.add_bos else ids
 
   def decode(self, ids:list[int]) -> str:
-    ids = [i for i in ids if i not in self.skip and 0 <= i < self.vocab_size]  # ids past the vocab: padded embedding rows
-    return (self.sp or self.hf or self.enc).decode(ids)
+    return self.hf.decode([i for i in ids if i not in self.skip and 0 <= i < self.vocab_size])  # ids past the vocab: padded embedding rows
 
   def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True) -> str:
     messages = [m | {"content": _text(m["content"])} if "content" in m else m for m in messages]

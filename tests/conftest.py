@@ -1,0 +1,44 @@
+"""Hugging Face tokenizer.json folders made with transformers from the original tokenizer files in tests/data (Meta's Llama 2
+sentencepiece and Llama 3 tiktoken files), once per test session: tinyvllm reads only tokenizer.json, the references stay the originals."""
+import pathlib
+import pytest
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+def sentencepiece_to_hf(model_file, out_dir):
+  """A sentencepiece BPE model (Llama 2 layout: byte fallback, dummy prefix, <unk> <s> </s>) as a tokenizer.json that encodes exactly as
+  sentencepiece does. transformers 5's own conversion (LlamaTokenizer.from_pretrained) misses it twice: it ranks merges by piece id, not
+  by score (whitespace pieces like "▁▁" then merge too early), and its Metaspace pre-tokenizer adds no dummy "▁" to a text that already
+  starts with a space. So: merges ranked by score (transformers' SentencePieceExtractor) and a normalizer that does what sentencepiece
+  does (its add_dummy_prefix, and remove_extra_whitespaces where the model sets it), the layout of the hub's Llama 2 tokenizer.json."""
+  import sentencepiece.sentencepiece_model_pb2 as pb
+  from tokenizers import Regex, normalizers as N
+  from transformers import LlamaTokenizer, PreTrainedTokenizerFast
+  from transformers.tokenization_utils_sentencepiece import SentencePieceExtractor
+  vocab, _, merges = SentencePieceExtractor(str(model_file)).extract()
+  # LlamaTokenizer gives the byte-fallback decoder (which drops the dummy prefix's space) and the "<s> $A" post-processor
+  hf = LlamaTokenizer(vocab=vocab, merges=merges, legacy=True, add_bos_token=True).backend_tokenizer
+  proto = pb.ModelProto.FromString(pathlib.Path(model_file).read_bytes())
+  if proto.normalizer_spec.remove_extra_whitespaces:  # drop leading spaces, one space for a run, no trailing whitespace ("▁" included)
+    steps = [N.Replace(Regex(r"\A +"), ""), N.Replace(Regex(" {2,}"), " "), N.Replace(" ", "▁"), N.Prepend("▁"), N.Replace(Regex(r"▁+\z"), "")]
+  else: steps = [N.Prepend("▁"), N.Replace(" ", "▁")]
+  hf.normalizer, hf.pre_tokenizer = N.Sequence(steps), None
+  # PreTrainedTokenizerFast, not LlamaTokenizer, in tokenizer_config.json: transformers 5's LlamaTokenizer would rebuild its own
+  # pre-tokenizer on load instead of running this tokenizer.json
+  PreTrainedTokenizerFast(tokenizer_object=hf, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(str(out_dir))
+
+def tiktoken_to_hf(folder, out_dir):
+  """Llama 3's tiktoken ranks file plus its tokenizer_config.json (special tokens, chat template) as a hub-style tokenizer.json folder:
+  transformers' TikTokenConverter splits with Meta's regex, and add_bos_token puts "<|begin_of_text|> $A" in the post-processor."""
+  from transformers import AutoTokenizer
+  AutoTokenizer.from_pretrained(str(folder), add_bos_token=True).save_pretrained(str(out_dir))
+
+@pytest.fixture(scope="session")
+def llama3_dir(tmp_path_factory):
+  tiktoken_to_hf(DATA / "llama3-tiktoken", path := tmp_path_factory.mktemp("llama3-hf"))
+  return path
+
+@pytest.fixture(scope="session")
+def llama2_dir(tmp_path_factory):
+  sentencepiece_to_hf(DATA / "llama2-sentencepiece" / "tokenizer.model", path := tmp_path_factory.mktemp("llama2-hf"))
+  return path
