@@ -6,7 +6,9 @@ from llguidance import LLMatcher
 from tinygrad import Tensor, dtypes
 from tinyvllm.sequence import ParamError
 
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}   # json.dumps' layout: no endless whitespace
+# compact JSON (no endless whitespace, and no lone space tokens: sentencepiece-style vocabularies such as the bundled model's merge a
+# space into the token after it, so a grammar that needs `": "` could reach no token that continues it)
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE),   # vLLM's structured-output kinds
             "json_object": lambda _: LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE),
             "regex": LLMatcher.grammar_from_regex, "grammar": LLMatcher.grammar_from_lark,
@@ -16,9 +18,8 @@ def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
   """llguidance's view of the vocabulary (it reads the tokenizer.json itself), built once per model (~0.4 s at 128k tokens)."""
   return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))
 
-def compile_grammar(structured_outputs:dict, tokenizer:llguidance.LLTokenizer | None) -> str:
+def compile_grammar(structured_outputs:dict, tokenizer:llguidance.LLTokenizer) -> str:
   """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} as a checked grammar."""
-  if tokenizer is None: raise ParamError("structured_outputs", "needs a tiktoken or tokenizer.json vocabulary")
   if not isinstance(structured_outputs, dict) or len(structured_outputs) != 1 or next(iter(structured_outputs)) not in GRAMMARS:
     raise ParamError("structured_outputs", f"takes one of {sorted(GRAMMARS)}")
   try: grammar = GRAMMARS[kind := next(iter(structured_outputs))](structured_outputs[kind])
