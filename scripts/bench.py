@@ -9,8 +9,15 @@ roofline from the device copy bandwidth and matmul rate measured in the same run
   python scripts/bench.py                                             # bundled stories260K, real weights, default device
   python scripts/bench.py --config llama-3.2-1b --device CUDA         # scripts/configs/llama-3.2-1b, dummy weights
   python scripts/bench.py --config llama-3.2-1b --device CUDA --latency
+
+Peers in the same run (--peer hf, scripts/bench_peer.py): Hugging Face transformers on the same requests, weights shape and device (its
+continuous batching for throughput; static cache + torch.compile for latency), run after ours, once our memory is handed back, in a child
+process (bench.py --peer-only); it prints its own SUMMARY lines and a RATIO line per figure (tinyvllm's speed / the peer's).
+
+  python scripts/bench.py --config llama-3.2-1b --device CUDA --kv-cache-memory 40 --peer hf
+  python scripts/bench.py --config llama-3.2-1b --device CUDA --kv-cache-memory 40 --latency --max-num-seqs 1 --max-num-batched-tokens 1024 --peer hf
 """
-import argparse, json, math, os, shutil, statistics, sys, tempfile, time
+import argparse, gc, json, math, os, shutil, statistics, subprocess, sys, tempfile, time
 import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # runs from a checkout without `pip install -e .`
@@ -111,15 +118,27 @@ def latency(args, llm, name, dev, bw, rate):
         f"{dec / dec_roof:.1%} |")
   print(f"SUMMARY | {name} | {dev} | TTFT {T} tokens | {ttft * 1e3:.1f} ms | roofline {ttft_roof * 1e3:.2f} ms at {rate / 1e12:.3g} TFLOPS | "
         f"{ttft_roof / ttft:.1%} |")
+  return dict(dec=dec, ttft=ttft, dec_roof=dec_roof, ttft_roof=ttft_roof)
 
-def throughput(args, llm, name, dev):
-  eng, rng, n = llm.engine, np.random.default_rng(args.seed), args.num_requests
+def workload(args, vocab:int, mml:int):
+  """(input lengths, output lengths, prompts): --num-requests uniform random requests, seeded, so the peer gets the same ones."""
+  rng, n = np.random.default_rng(args.seed), args.num_requests
   ins, outs = rng.integers(args.min_input, args.max_input + 1, n), rng.integers(args.min_output, args.max_output + 1, n)
-  prompts = [rng.integers(0, min(eng.runner.hf_config["vocab_size"], 10000), k).tolist() for k in ins]
-  if args.max_input + args.max_output > (mml := eng.config.max_model_len):   # e.g. stories260K's 512: keep every request inside the context
+  prompts = [rng.integers(0, min(vocab, 10000), k).tolist() for k in ins]
+  if args.max_input + args.max_output > mml:   # e.g. stories260K's 512: keep every request inside the context
     ins, outs = np.minimum(ins, mml // 2), np.minimum(outs, mml - np.minimum(ins, mml // 2))
     prompts = [p[:k] for p, k in zip(prompts, ins)]
     print(f"note: lengths clipped to max_model_len {mml}: inputs {ins.min()}-{ins.max()}, outputs {outs.min()}-{outs.max()}")
+  return ins, outs, prompts
+
+def throughput_summary(name, dev, mode, ins, outs, dt, n_out) -> float:
+  n, n_in = len(ins), int(sum(ins))
+  print(f"SUMMARY | {name} | {dev} | {mode} {n} reqs, in {ins.min()}-{ins.max()}, out {outs.min()}-{outs.max()} | {dt:.1f} s | "
+        f"{n_out / dt:.1f} out tok/s | {(n_in + n_out) / dt:.1f} total tok/s |")
+  return n_out / dt
+
+def throughput(args, llm, name, dev, ins, outs, prompts) -> float:
+  eng, n = llm.engine, args.num_requests
   sps = [SamplingParams(temperature=args.temperature, max_tokens=int(k), ignore_eos=True) for k in outs]
   t = time.perf_counter()
   if args.sequential: res = [llm.generate([p], [sp], use_tqdm=False)[0] for p, sp in zip(prompts, sps)]
@@ -128,8 +147,49 @@ def throughput(args, llm, name, dev):
   mode = "sequential" if args.sequential else "batched"
   print(f"{mode}: {n} requests, {n_in} prompt + {n_out} output tokens in {dt:.2f} s: {n_out / dt:.1f} output tok/s, "
         f"{(n_in + n_out) / dt:.1f} total tok/s, {eng.scheduler.num_preemptions} preemptions")
-  print(f"SUMMARY | {name} | {dev} | {mode} {n} reqs, in {ins.min()}-{ins.max()}, out {outs.min()}-{outs.max()} | {dt:.1f} s | "
-        f"{n_out / dt:.1f} out tok/s | {(n_in + n_out) / dt:.1f} total tok/s |")
+  return throughput_summary(name, dev, mode, ins, outs, dt, n_out)
+
+def peer_hf(args):
+  """--peer-only: Hugging Face transformers on the same workload (scripts/bench_peer.py); with --peer-ours (our figures, from the parent
+  bench.py process), one RATIO line per figure: tinyvllm's speed / the peer's."""
+  import bench_peer
+  ours = json.load(open(args.peer_ours)) if args.peer_ours else {}
+  dev = args.device or os.getenv("DEVICE") or bench_peer.default_device()
+  device = "cuda" if dev.split(":")[0] in ("CUDA", "NV") else "cpu"   # the same GPU as ours
+  model, _ = model_folder(args)
+  folder, name = model or BUNDLED_MODEL, model_name(args)
+  c = bench_peer.AutoConfig.from_pretrained(folder)
+  if args.config: shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+  mml, vocab = args.max_model_len or min(c.max_position_embeddings, 4096), c.vocab_size   # the parent passes its max_model_len
+  print(f"peer: {bench_peer.free_memory(device)}")
+  hf, pname = bench_peer.load(c, device, args.dtype), f"{name} on transformers"
+  def ratio(what, x, y): print(f"RATIO | {name} | {dev} | {what} | tinyvllm / transformers | {x / y:.2f}x |")
+  if args.latency:   # the lengths of latency()
+    prompt, out, T = min(128, mml // 2), min(128, mml // 2), min(1024, mml - 1)
+    compile = args.peer_compile or ("generate" if device == "cuda" else "none")
+    if args.peer_compile is None and device != "cuda": print("peer: torch.compile skipped on CPU (--peer-compile generate to force)")
+    try: dec, ttft = bench_peer.latency(hf, prompt, out, T, min(vocab, 10000), args.temperature, args.seed, compile)
+    except Exception as e:   # a compiler missing on the machine, an API change: still give the eager figure, saying so
+      if compile == "none": raise
+      print(f"peer: WARNING the torch.compile run failed ({type(e).__name__}: {str(e)[:300]}); eager instead, on a fresh model")
+      hf = bench_peer.load(c, device, args.dtype)
+      dec, ttft = bench_peer.latency(hf, prompt, out, T, min(vocab, 10000), args.temperature, args.seed, "none")
+    roof = f"roofline {ours['dec_roof']:.0f} tok/s | {dec / ours['dec_roof']:.1%} |" if ours else "roofline n/a | |"
+    print(f"SUMMARY | {pname} | {dev} | decode batch 1 | {dec:.1f} tok/s | {roof}")
+    roof = f"roofline {ours['ttft_roof'] * 1e3:.2f} ms | {ours['ttft_roof'] / ttft:.1%} |" if ours else "roofline n/a | |"
+    print(f"SUMMARY | {pname} | {dev} | TTFT {T} tokens | {ttft * 1e3:.1f} ms | {roof}")
+    if ours: ratio("decode batch 1 tok/s", ours["dec"], dec); ratio(f"TTFT {T} tokens (speed = 1 / TTFT)", ttft, ours["ttft"])
+  else:
+    ins, outs, prompts = workload(args, vocab, mml)   # the same seeded requests as ours
+    k = min(args.peer_num_requests or len(prompts), len(prompts))
+    ins, outs, prompts = ins[:k], outs[:k], prompts[:k]
+    dt, n_out = bench_peer.throughput(hf, prompts, [int(o) for o in outs], args.temperature, args.seed, args.max_num_batched_tokens)
+    print(f"peer batched: {k} requests, {int(sum(ins))} prompt + {n_out} output tokens in {dt:.2f} s: {n_out / dt:.1f} output tok/s")
+    tps = throughput_summary(pname, dev, "batched", ins, outs, dt, n_out)
+    if ours and not args.sequential:
+      ratio("out tok/s" + (f" (peer on the first {k} of {args.num_requests} reqs)" if k < args.num_requests else ""), ours["tps"], tps)
+
+def model_name(args) -> str: return args.config or os.path.basename((args.model or BUNDLED_MODEL).rstrip("/"))
 
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,8 +209,15 @@ def main():
   p.add_argument("--beam", type=int, help="BEAM width for the decode graphs (searched once, cached in tinygrad's cache.db)")
   p.add_argument("--copy-gib", type=float, default=1.0, help="latency: buffer size of the bandwidth test")
   p.add_argument("--matmul-size", type=int, help="latency: M=N=K of the matmul test (default 8192, 2048 on CPU)")
+  p.add_argument("--peer", choices=["hf"], help="also run Hugging Face transformers on the same workload after ours, and print the ratios")
+  p.add_argument("--peer-only", action="store_true", help="run only the peer (no tinyvllm engine; no rooflines or ratios)")
+  p.add_argument("--peer-ours", help=argparse.SUPPRESS)   # a JSON file of our figures, from the bench.py process that starts the peer
+  p.add_argument("--peer-num-requests", type=int, help="throughput: the peer runs only the first N of the same requests (it is slow)")
+  p.add_argument("--peer-compile", choices=["generate", "forward", "none"],
+                 help="latency: the peer's torch.compile: generate's own of the decode step (default on CUDA), of model.forward, or none")
   args = p.parse_args()
   if args.latency: args.max_num_batched_tokens = max(args.max_num_batched_tokens, 1024)   # the 1024-token prompt must be one step
+  if args.peer_only: return peer_hf(args)   # before select_device: the peer's process opens no tinygrad device
   dev = select_device(args.device)
   if args.latency:   # measured before the engine exists, as on CUDA the KV pool takes 90% of the free memory
     cpu = dev.split(":")[0] == "CPU"
@@ -158,15 +225,25 @@ def main():
     print(f"device {dev}: copy bandwidth {bw / 1e9:.1f} GB/s (read + write), matmul {rate / 1e12:.3g} TFLOPS "
           f"({'fp32' if cpu else 'fp16'}, {args.matmul_size or (2048 if cpu else 8192)}^3)")
   model, load_format = model_folder(args)
-  name = args.config or os.path.basename((args.model or BUNDLED_MODEL).rstrip("/"))
+  name = model_name(args)
   t = time.perf_counter()
   llm = LLM(model, args.device, load_format=load_format, **{k: v for k in ENGINE_ARGS if (v := getattr(args, k)) is not None})
   cfg = llm.engine.config
   print(f"engine start-up (model load + KV alloc + graph capture): {time.perf_counter() - t:.1f} s; {name} on {dev}, "
         f"{llm.engine.runner.dtype.name}, {llm.engine.runner.num_blocks} KV blocks of {cfg.block_size}, max_model_len {cfg.max_model_len}, "
         f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}")
-  if args.latency: latency(args, llm, name, dev, bw, rate)
-  else: throughput(args, llm, name, dev)
+  if args.latency: ours = latency(args, llm, name, dev, bw, rate)
+  else: ours = {"tps": throughput(args, llm, name, dev, *workload(args, llm.engine.runner.hf_config["vocab_size"], cfg.max_model_len))}
   if args.config: shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+  if args.peer:   # in a process of its own (torch then never meets tinygrad's CUDA context), after ours has handed its memory back
+    mml = cfg.max_model_len
+    del llm, cfg; gc.collect()
+    if hasattr(alloc := Device[Device.DEFAULT].allocator, "free_cache"): alloc.free_cache()
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+      json.dump(ours, f); f.flush()
+      sys.stdout.flush()
+      rc = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--peer-only", "--device", dev,
+                           "--max-model-len", str(mml), "--peer-ours", f.name]).returncode
+    if rc: sys.exit(f"the peer's process failed (exit {rc}); our figures above stand")
 
 if __name__ == "__main__": main()
