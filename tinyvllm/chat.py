@@ -19,12 +19,11 @@ def merge(message:dict, delta:dict):   # deltas add up: text concatenates, tool 
 def checked_messages(messages) -> list[dict]:
   """OpenAI's messages: content is a string or a list of text parts, or null (as "", for templates) beside an assistant's tool calls,
   whose arguments (a JSON string) become the dict chat templates expect, as vLLM does. Their results come back as role "tool" messages."""
-  text = lambda c: isinstance(c, str) or isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and
-                                                                     isinstance(p.get("text"), str) for p in c)
+  text = lambda c: isinstance(c, str) or isinstance(c, list) and all(p["type"] == "text" and isinstance(p["text"], str) for p in c)
   parsed = lambda call: call | {"function": call["function"] | {"arguments": json.loads(call["function"]["arguments"])}}
   try:
     if messages and all(isinstance(m["role"], str) and (text(m.get("content")) or m.get("content") is None) for m in messages):
-      return [m | {"content": m.get("content") or ""} | ({"tool_calls": list(map(parsed, m["tool_calls"]))} if m.get("tool_calls") else {})
+      return [m | {"content": m.get("content") or ""} | ({"tool_calls": [*map(parsed, m["tool_calls"])]} if m.get("tool_calls") else {})
               for m in messages]
   except (TypeError, KeyError, ValueError, RecursionError): pass
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
@@ -58,12 +57,12 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   if (kind := fmt.get("type")) not in ("text", "json_object", "json_schema"):
     raise ParamError("response_format", "must have a type of text, json_object or json_schema")
   if forced and (structured or kind != "text"): raise ParamError("tool_choice", "cannot force a tool call and a response format at once")
-  field = "tools" if forced else "structured_outputs" if kind == "text" else "response_format"   # the field a bad grammar came from
   try:   # OpenAI's response_format as vLLM's structured outputs
     if kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
     if forced: structured = {"grammar": tool_grammar(tokenizer, tool_format, forced, thinking, parallel=not named)}
     if structured: compile_grammar(structured, grammar_tokenizer)
-  except (ParamError, KeyError, TypeError) as e: raise ParamError(field, f"is not valid ({e})") from None
+  except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
+    raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
   return prompt, structured, lambda: OutputParser(calls and tool_format, "<think>" in template, thinking)
 
 def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:bool, parallel:bool) -> str:
@@ -74,8 +73,7 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
                     for name, schema in schemas.items())
   start = f'{tag("</think>")} "\\n\\n" ' if thinking else ""   # a reasoning turn the prompt opened ends at once
   if tool_format == "json": return f"start: {start}({call})"   # Llama 3 templates take one call per turn
-  calls = 'tool_call ("\\n" tool_call)*' if parallel else "tool_call"
-  return f'start: {start}{calls}\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")}'
+  return f'start: {start}tool_call{"+" * parallel}\ntool_call: "\\n"? {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")}'
 
 class OutputParser:
   """One choice's text, as it streams in, as deltas of reasoning_content, content and tool_calls. A tail that may start a tag is held until
