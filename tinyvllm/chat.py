@@ -6,11 +6,13 @@ The model's chat template says what the model was taught: Hermes <tool_call> tag
 and whether it reasons inside <think> tags (Qwen3, DeepSeek-R1 distills, QwQ). Only templates that mention them get tools or reasoning."""
 import json, typing, uuid
 import jinja2
-from tinyvllm.sampler import JSON_STYLE, compile_grammar
+from tinyvllm.sampler import compile_grammar
 from tinyvllm.sequence import ParamError
 
 # the state each tag starts: reasoning sits in <think> tags, Hermes calls in <tool_call> tags (the newline before one is markup too)
 NEXT_STATE = {"<think>": "reasoning", "</think>": "content", "\n<tool_call>": "call", "<tool_call>": "call", "</tool_call>": "content"}
+# forced arguments take the layout templates render them in (tojson is json.dumps), the one the model learned
+ARGUMENTS_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 def merge(message:dict, delta:dict):   # deltas add up: text concatenates, tool calls append; empty values add nothing
   for key, value in delta.items():
@@ -69,7 +71,7 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
   """Lark for llguidance that admits only calls of these functions in the template's markup (one, or several if parallel); %json embeds
   each one's parameters schema. Tags that are tokens of the vocabulary are written bare, so that they match those tokens."""
   tag, key = lambda text: text if text in tokenizer.specials else json.dumps(text), "arguments" if tool_format == "hermes" else "parameters"
-  call = " | ".join(json.dumps(f'{{"name": {json.dumps(name)}, "{key}": ') + f" %json {json.dumps(schema | {'x-guidance': JSON_STYLE})} " + '"}"'
+  call = " | ".join(json.dumps(f'{{"name": {json.dumps(name)}, "{key}": ') + f" %json {json.dumps(schema | {'x-guidance': ARGUMENTS_STYLE})} " + '"}"'
                     for name, schema in schemas.items())
   start = f'{tag("</think>")} "\\n\\n" ' if thinking else ""   # a reasoning turn the prompt opened ends at once
   if tool_format == "json": return f"start: {start}({call})"   # Llama 3 templates take one call per turn
