@@ -161,10 +161,10 @@ def test_reasoning_state_follows_the_prompt(base):
   assert e.value.param == "tools"
   assert request(tok, None, user | {"tools": TOOLS, "tool_choice": "none"})[0] == request(tok, None, user)[0]   # none: no tools, no error
 
-def test_llama3_forced_call_grammar_on_its_vocabulary():
+def test_llama3_forced_call_grammar_on_its_vocabulary(llama3_dir):
   """The Llama 3 JSON form, forced: llguidance on Llama 3's real 128k vocabulary accepts exactly a call of the named function."""
   from llguidance import LLMatcher
-  tok = Tokenizer(str(DATA / "llama3-tiktoken"))
+  tok = Tokenizer(str(llama3_dir))   # tokenizer.json made from Meta's ranks file (conftest.py)
   gt = grammar_tokenizer(tok, 128256)
   body = {"messages": [{"role": "user", "content": "Time in CET?"}], "tools": TOOLS}
   grammar = request(tok, gt, body | {"tool_choice": {"type": "function", "function": {"name": "get_time"}}})[1]["grammar"]
