@@ -1,4 +1,4 @@
-import functools, itertools, logging, numpy as np, llguidance.numpy
+import functools, itertools, logging, numpy as np, llguidance, llguidance.numpy
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config
@@ -43,7 +43,7 @@ class ModelRunner:
     top = max(config.max_num_batched_tokens, config.max_num_seqs)
     self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
     self.graphs: dict[tuple, TinyJit] = {}
-    self.no_grammar: dict[int, Tensor] = {}
+    self.no_grammar, self.grammar_pool = {}, llguidance.LLExecutor()
 
   def pick_dtype(self, hf_config:dict):
     """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
@@ -123,11 +123,12 @@ class ModelRunner:
   def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
     """Each sampled row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
     # a batch that only uses top-k/top-p reuses one all-ones mask per row count, uploaded once instead of every step
-    if not (grammars := any(seq.matcher for seq in sampled)) and num_rows in self.no_grammar: return self.no_grammar[num_rows]
+    if not (rows := [(seq.matcher, row) for row, seq in enumerate(sampled) if seq.matcher]) and num_rows in self.no_grammar:
+      return self.no_grammar[num_rows]
     words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
-    for row, seq in enumerate(sampled):
-      if seq.matcher: llguidance.numpy.fill_next_token_bitmask(seq.matcher, words, row)
-    return Tensor(words) if grammars else self.no_grammar.setdefault(num_rows, Tensor(words).realize())
+    # on llguidance's thread pool, while the GPU runs the step's forward pass (launched before this is called)
+    if rows: llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words)
+    return Tensor(words) if rows else self.no_grammar.setdefault(num_rows, Tensor(words).realize())
 
   def capture_graphs(self):
     """Capture every step graph before serving (a TinyJit compiles on its first call and records on its second), so no request pays
