@@ -78,9 +78,9 @@ def sampler_case(R, V):
   logits = Tensor(rng.standard_normal((R, V)).astype(np.float32)).realize()
   temperatures, seeds = Tensor(np.full(R, 0.6, np.float32)).realize(), Tensor(np.arange(R, dtype=np.int32)).realize()
   positions = Tensor(np.arange(R, dtype=np.int32) + 100).realize()
-  top_k, top_p = Tensor(np.full(R, V, np.int32)).realize(), Tensor(np.ones(R, np.float32)).realize()
+  top_k, top_p, min_p = Tensor(np.full(R, V, np.int32)).realize(), Tensor(np.ones(R, np.float32)).realize(), Tensor(np.zeros(R, np.float32)).realize()
   allowed = Tensor.full((R, -(-V // 32)), -1, dtype=dtypes.int32).contiguous().realize()
-  variants = {"plain": (), "+ grammar mask": (None, None, allowed), "+ grammar mask + top-k/top-p": (top_k, top_p, allowed)}
+  variants = {"plain": (), "+ grammar mask": (None, None, None, allowed), "+ grammar mask + top-k/top-p/min-p": (top_k, top_p, min_p, allowed)}
   for name, filters in variants.items():
     f = TinyJit(lambda *args, filters=filters: sample(*args, *filters).contiguous().realize())
     print(f"sampler R={R} V={V} {name}: {best_time(f, logits, temperatures, seeds, positions)*1e3:.3f} ms", flush=True)

@@ -35,6 +35,10 @@ def test_seeds_topk_and_stop_strings(llm):
   assert topk1.token_ids == REF[0]["output_token_ids"]
   tight = llm.generate(p, SamplingParams(temperature=0.7, top_p=1e-6, max_tokens=40), use_tqdm=False)[0].outputs[0]
   assert tight.token_ids == REF[0]["output_token_ids"]           # top_p that small keeps only the most likely token
+  # min_p 1 keeps only the most likely token too, for this request only: its batch neighbour samples freely at the same seed
+  only_max, free = llm.generate(p * 2, [SamplingParams(temperature=1.5, min_p=1.0, max_tokens=40, seed=3),
+                                        SamplingParams(temperature=1.5, max_tokens=40, seed=3)], use_tqdm=False)
+  assert only_max.outputs[0].token_ids == REF[0]["output_token_ids"] != free.outputs[0].token_ids
   full = REF[0]["output_text_in_context"]
   stop = full[20:26]
   cut = llm.generate(p, SamplingParams(temperature=0, max_tokens=40, stop=[stop, "zzzz"]), use_tqdm=False)[0].outputs[0]

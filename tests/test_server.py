@@ -165,6 +165,7 @@ BAD = [  # (body or raw bytes, status, param)
   ({"temperature": "hot"}, 400, "temperature"), ({"max_tokens": "10"}, 400, "max_tokens"), ({"n": True}, 400, "n"), ({"stop": 5}, 400, "stop"),
   ({"stop": ["a", 1]}, 400, "stop"), ({"stop_token_ids": [1.5]}, 400, "stop_token_ids"), ({"stream": "yes"}, 400, "stream"),
   ({"temperature": -1}, 400, "temperature"), ({"top_p": 0}, 400, "top_p"), ({"top_p": 1.5}, 400, "top_p"), ({"top_k": -3}, 400, "top_k"),
+  ({"min_p": 1.5}, 400, "min_p"), ({"min_p": -0.1}, 400, "min_p"), ({"min_p": "0.1"}, 400, "min_p"),
   ({"n": 0}, 400, "n"), ({"max_tokens": 0}, 400, "max_tokens"), ({"max_completion_tokens": 0}, 400, "max_completion_tokens"),
   ({"stop": [""]}, 400, "stop"), ({"n": 10**6}, 400, "n"), ({"max_tokens": 10**9}, 400, "messages"),
   ({"messages": [{"role": "user", "content": "Once upon a time " * 200}]}, 400, "messages"),
@@ -185,7 +186,8 @@ def test_errors(srv, body, status, param):
 
 @pytest.mark.parametrize("kw", [dict(top_k=10**12), dict(temperature=1e300), dict(temperature=1e-300), dict(top_p=1e-300, top_k=0),
                                 dict(seed=2**64 - 1), dict(seed=-5), dict(stop_token_ids=[10**12]), dict(max_tokens=None, stop=["."]),
-                                dict(max_completion_tokens=3, max_tokens=10**9), dict(temperature=0, top_p=0.5, top_k=3)])
+                                dict(max_completion_tokens=3, max_tokens=10**9), dict(temperature=0, top_p=0.5, top_k=3),
+                                dict(min_p=1), dict(min_p=0.5, top_p=0.5, top_k=5, temperature=1.5)])
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")   # temperature 1e300 is inf in float32: uniform sampling
 def test_extreme_but_valid(srv, kw):   # accepted values that must neither fail nor upset the engine
   r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MSGS, "max_tokens": 3, **kw}, timeout=60)
@@ -266,7 +268,7 @@ def assert_error(r:httpx.Response, status:int, param:str|None):
   assert r.status_code == status and set(err) == {"message", "type", "param", "code"} and err["param"] == param, r.text
 
 NUMBERS = [("temperature", 10**309), ("temperature", -10**309), ("temperature", -0.5), ("temperature", "0.5"), ("temperature", True),
-           ("top_p", 0), ("top_p", 1.5), ("top_p", 10**309), ("top_k", -2), ("top_k", 2.5), ("top_k", 10**309), ("top_k", 2**63),
+           ("top_p", 0), ("top_p", 1.5), ("top_p", 10**309), ("top_k", -2), ("top_k", 2.5), ("top_k", 10**309), ("top_k", 2**63), ("min_p", 10**309),
            ("max_tokens", 0), ("max_tokens", 1.5), ("max_tokens", 10**309), ("max_completion_tokens", -1), ("seed", 2**64),
            ("seed", -2**63 - 1), ("seed", 1.5), ("seed", 10**309), ("n", 0), ("n", 2.0), ("n", False), ("n", 10**309)]
 
@@ -422,7 +424,7 @@ def test_disconnects_leave_no_traceback(srv, caplog):
 UNSUPPORTED = {  # OpenAI's and vLLM's fields that tinyvllm does not implement yet, each with a value that would change the output
   "logprobs": True, "top_logprobs": 2, "tools": [{"type": "function", "function": {"name": "f"}}],
   "tool_choice": "required", "parallel_tool_calls": False, "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
-  "logit_bias": {"5": 10}, "min_p": 0.1, "min_tokens": 3, "functions": [{"name": "f"}], "function_call": {"name": "f"},
+  "logit_bias": {"5": 10}, "min_tokens": 3, "functions": [{"name": "f"}], "function_call": {"name": "f"},
   "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
   "reasoning_effort": "high", "web_search_options": {}, "service_tier": "flex", "store": True, "metadata": {"k": "v"}, "best_of": 2,
   "use_beam_search": True, "echo": True, "guided_json": {"type": "object"}, "chat_template": "{{ x }}",

@@ -9,9 +9,9 @@ from tinyvllm.sequence import Sequence
 
 log = logging.getLogger("tinyvllm")
 # A step's inputs travel to the device as one int32 buffer (one copy per step): rows of N per-token values, the block-table rows of the
-# step's R sampling sequences (R = min(N, max_num_seqs)), then rows of R per-sample values (temperatures and top_p as float32 bits).
+# step's R sampling sequences (R = min(N, max_num_seqs)), then rows of R per-sample values (temperatures, top_p and min_p as float32 bits).
 TOKEN_ROWS = ("tokens", "positions", "slots", "token_seq", "cached_lens")
-SAMPLE_ROWS = ("logits_idx", "seeds", "out_positions", "top_k", "temperatures", "top_p")
+SAMPLE_ROWS = ("logits_idx", "seeds", "out_positions", "top_k", "temperatures", "top_p", "min_p")
 
 def step_layout(num_tokens:int, num_rows:int, max_blocks:int) -> dict[str, slice]:
   """Where each input lives in the step buffer: the one layout both the packing (host) and the unpacking (graph) read."""
@@ -42,8 +42,8 @@ class ModelRunner:
     self.max_blocks = -(-self.max_model_len // block_size)
     top = max(config.max_num_batched_tokens, config.max_num_seqs)
     self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
-    self.graphs: dict[tuple, TinyJit] = {}
-    self.no_grammar, self.grammar_pool = {}, llguidance.LLExecutor()
+    # TinyJit graphs by (graph, token bucket), all-ones grammar masks by row count, and llguidance's thread pool
+    self.graphs, self.no_grammar, self.grammar_pool = {}, {}, llguidance.LLExecutor()
 
   def pick_dtype(self, hf_config:dict):
     """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
@@ -79,7 +79,7 @@ class ModelRunner:
     several passes over the vocabulary, so a batch whose requests use none of them runs the plain one."""
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
-    filters = () if allowed is None else (inputs["top_k"], floats("top_p"), allowed)
+    filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
     return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
 
   def run(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered:bool=False) -> list[int]:
@@ -89,7 +89,8 @@ class ModelRunner:
     # sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
     scalars = [(s.num_computed_tokens, k, len(s), len(s.block_table), s.seed, s.params.top_k) for s, k in batch]
     num_cached, num_new, length, num_blocks, seed, top_k = np.array(scalars, int).reshape(-1, 6).T
-    temperature, top_p = np.array([(s.params.temperature, s.params.top_p) for s, _ in batch], np.float32).reshape(-1, 2).T
+    floats = [(s.params.temperature, s.params.top_p, s.params.min_p) for s, _ in batch]   # they travel as float32 bits
+    temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T
     total = int(num_new.sum())
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
     num_rows = min(num_tokens, self.config.max_num_seqs)
@@ -108,11 +109,11 @@ class ModelRunner:
     rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
     sampling = num_cached + num_new == length   # sequences whose last token is computed sample one
     num_sampled = int(sampling.sum())
-    per_sample = {"logits_idx": np.cumsum(num_new) - 1, "seeds": seed, "out_positions": length, "temperatures": temperature.view(np.int32),
-                  "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p.view(np.int32)}
+    per_sample = {"logits_idx": np.cumsum(num_new) - 1, "seeds": seed, "out_positions": length, "temperatures": temperature,
+                  "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p, "min_p": min_p}
     for name, values in per_sample.items(): rows[name][:num_sampled] = values[sampling]
     sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
-    filtered = filtered or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 for seq in sampled)
+    filtered = filtered or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 or seq.params.min_p > 0 for seq in sampled)
     def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
       fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)
       return fxn(*args) if self.config.enforce_eager else self.graphs.setdefault((graph, num_tokens), TinyJit(fxn))(*args)

@@ -47,21 +47,24 @@ def threshold(probs:Tensor, enough, ways:int=16, rounds:int=6) -> Tensor:
   return lo
 
 def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, top_k:Tensor|None=None, top_p:Tensor|None=None,
-           allowed:Tensor|None=None) -> Tensor:
+           min_p:Tensor|None=None, allowed:Tensor|None=None) -> Tensor:
   """Greedy rows take the argmax; the others draw by Gumbel-max (argmax of logits/T + Gumbel noise, an exact softmax sample). With the
   filters given, tokens outside a row's grammar are masked first (allowed: a bitmask, 32 tokens per int32 word, all ones without a
-  grammar) and vLLM's top-k then top-p set is kept; rows without top-k/top-p pass through those unchanged."""
+  grammar), then as vLLM does, tokens below min_p times the row's most likely one, and outside its top-k then top-p set; rows without
+  them pass through unchanged."""
   if allowed is not None:
     bits = ((allowed.unsqueeze(-1) >> Tensor.arange(32, dtype=dtypes.int32)) & 1).reshape(logits.shape[0], -1)[:, :logits.shape[1]]
     logits = (bits != 0).where(logits, -math.inf)
   x = logits / temperatures.maximum(1e-5).unsqueeze(1)
-  if top_k is not None: x = top_k_top_p(x, top_k, top_p)
+  if top_k is not None: x = top_k_top_p(x, top_k, top_p, min_p)
   gumbel = -(-hash_uniform(seeds, positions, logits.shape[1]).log()).log()
   return (temperatures == 0).where(logits.argmax(-1), (x + gumbel).argmax(-1)).cast(dtypes.int32)
 
-def top_k_top_p(x:Tensor, top_k:Tensor, top_p:Tensor) -> Tensor:
-  """x with -inf outside each row's top-k tokens and then outside the smallest set of those holding top_p of their probability."""
+def top_k_top_p(x:Tensor, top_k:Tensor, top_p:Tensor, min_p:Tensor) -> Tensor:
+  """x with -inf for tokens less likely than min_p times the row's most likely one, then outside the row's top-k tokens, then outside the
+  smallest set of those holding top_p of their probability."""
   probs = x.softmax(-1)
+  probs = (probs >= min_p.unsqueeze(1) * probs.max(-1, keepdim=True)).where(probs, 0)
   probs = (probs >= threshold(probs, lambda keep: keep.sum(-1, keepdim=True) >= top_k.reshape(-1, 1, 1))).where(probs, 0)
   mass = lambda keep: keep.where(probs.unsqueeze(1), 0).sum(-1, keepdim=True)
   cut = threshold(probs, lambda keep: mass(keep) >= top_p.reshape(-1, 1, 1) * probs.sum(-1, keepdim=True).unsqueeze(1) * (1 - 1e-6))

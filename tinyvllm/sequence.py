@@ -10,7 +10,8 @@ class ParamError(ValueError):
 # vLLM's ranges: (type, check, what the check asks)
 RANGES = {"n": (int, lambda n: n >= 1, "at least 1"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
           "temperature": (float, lambda t: t >= 0, "non-negative"), "top_p": (float, lambda p: 0 < p <= 1, "in (0, 1]"),
-          "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"), "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer")}
+          "min_p": (float, lambda p: 0 <= p <= 1, "in [0, 1]"), "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"),
+          "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer")}
 
 def checked(name:str, value):
   """value as a finite number of the field's type in the field's range, or ParamError: JSON allows 10**309 or NaN, which would overflow
@@ -32,6 +33,7 @@ class SamplingParams:
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = -1                        # -1 or 0 keeps the whole vocabulary
+  min_p: float = 0.0                     # drop tokens less likely than min_p times the most likely one
   seed: int | None = None
   stop: str | list[str] | None = None
   stop_token_ids: list[int] = field(default_factory=list)

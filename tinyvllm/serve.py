@@ -18,18 +18,18 @@ log = logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
 # ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
 HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": (int, float), "top_p": (int, float),
-            "top_k": int, "seed": int, "n": int, "stop": (str, list), "stop_token_ids": list, "stream": bool, "stream_options": dict,
-            "ignore_eos": bool, "include_stop_str_in_output": bool, "user": str, "safety_identifier": str, "prompt_cache_key": str,
-            "response_format": dict, "structured_outputs": dict}
+            "top_k": int, "min_p": (int, float), "seed": int, "n": int, "stop": (str, list), "stop_token_ids": list, "stream": bool,
+            "stream_options": dict, "ignore_eos": bool, "include_stop_str_in_output": bool, "user": str, "safety_identifier": str,
+            "prompt_cache_key": str, "response_format": dict, "structured_outputs": dict}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
 # other value is a 400 naming the field. Issue #14 turns most of them into features.
 NOT_YET = {field: no_ops for no_ops, fields in [
   ([False], "logprobs echo store use_beam_search continue_final_message"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
-  ([0], "top_logprobs presence_penalty frequency_penalty min_p min_tokens"), ([1], "repetition_penalty best_of"), ([[]], "tools functions bad_words"),
+  ([0], "top_logprobs presence_penalty frequency_penalty min_tokens"), ([1], "repetition_penalty best_of"), ([[]], "tools functions bad_words"),
   ([{}], "logit_bias metadata chat_template_kwargs"), (["none", "auto"], "tool_choice function_call"),
   (["auto", "default"], "service_tier"), ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs "
    "allowed_token_ids chat_template guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
-SAMPLING = ("n", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
+SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # vLLM's metric names (so its dashboards work) over engine.stats() keys; the raw block counts let tests check for leaks
 METRICS = {"vllm:num_requests_running": "num_running", "vllm:num_requests_waiting": "num_waiting", "vllm:kv_cache_usage_perc": "kv_cache_usage",
            "vllm:prefix_cache_queries_total": "prefix_cache_queries", "vllm:prefix_cache_hits_total": "prefix_cache_hits",

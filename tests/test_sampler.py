@@ -1,0 +1,39 @@
+"""The sampler's filters against a numpy reference of vLLM's formulas: min_p keeps the tokens whose probability (after temperature) is at
+least min_p times the row's largest, then top-k keeps the k most likely, then top-p keeps the smallest set of those holding top_p of their
+renormalized mass; the draw follows the renormalized probabilities of what is kept. Each of the ROWS rows has its own seed, so one call
+gives ROWS independent draws."""
+import numpy as np, pytest
+from tinygrad import Tensor
+from tinyvllm.sampler import sample
+
+ROWS, VOCAB, TEMPERATURE = 4000, 24, 0.8
+LOGITS = np.random.default_rng(0).normal(0, 1.5, VOCAB).astype(np.float32)
+
+def reference(min_p:float, top_k:int, top_p:float) -> np.ndarray:
+  """vLLM's kept set and renormalized probabilities, in numpy."""
+  probs = np.exp(LOGITS / TEMPERATURE - (LOGITS / TEMPERATURE).max())
+  probs /= probs.sum()
+  keep = probs >= min_p * probs.max()
+  keep &= probs >= np.sort(np.where(keep, probs, 0))[::-1][top_k - 1]
+  order = np.argsort(-np.where(keep, probs, 0))
+  mass = np.cumsum(np.where(keep, probs, 0)[order]) / probs[keep].sum()
+  keep[order[np.searchsorted(mass, top_p - 1e-6) + 1:]] = False   # the smallest prefix whose mass reaches top_p
+  return np.where(keep, probs, 0) / probs[keep].sum()
+
+def draws(min_p:float|None, top_k:int=VOCAB, top_p:float=1.0) -> np.ndarray:
+  per_row = lambda value, dtype: Tensor(np.full(ROWS, value, dtype))
+  filters = () if min_p is None else (per_row(top_k, np.int32), per_row(top_p, np.float32), per_row(min_p, np.float32))
+  tokens = sample(Tensor(np.tile(LOGITS, (ROWS, 1))), per_row(TEMPERATURE, np.float32), Tensor(np.arange(ROWS, dtype=np.int32)),
+                  per_row(7, np.int32), *filters)
+  return np.bincount(tokens.numpy(), minlength=VOCAB)
+
+@pytest.mark.parametrize("min_p,top_k,top_p", [(0.05, VOCAB, 1.0), (0.3, VOCAB, 1.0), (0.1, 6, 1.0), (0.1, VOCAB, 0.7), (0.2, 8, 0.6)])
+def test_min_p_then_top_k_then_top_p_follow_the_reference(min_p, top_k, top_p):
+  expected, counts = reference(min_p, top_k, top_p), draws(min_p, top_k, top_p)
+  assert set(np.flatnonzero(counts)) == set(np.flatnonzero(expected))   # only kept tokens are drawn, and every kept token is
+  chi2 = (((counts - ROWS * expected) ** 2) / np.maximum(ROWS * expected, 1e-9))[expected > 0].sum()
+  assert chi2 < 3 * max(1, (expected > 0).sum() - 1) + 20, (counts, np.round(ROWS * expected))   # far inside chance for these sizes
+
+def test_min_p_one_keeps_the_argmax_and_zero_changes_nothing():
+  assert np.flatnonzero(draws(1.0)).tolist() == [LOGITS.argmax()]
+  assert (draws(0.0) == draws(None)).all()   # the same seeds draw the same tokens through the filtering variant
