@@ -16,6 +16,8 @@ process (bench.py --peer-only); it prints its own SUMMARY lines and a RATIO line
 
   python scripts/bench.py --config llama-3.2-1b --device CUDA --kv-cache-memory 40 --peer hf
   python scripts/bench.py --config llama-3.2-1b --device CUDA --kv-cache-memory 40 --latency --max-num-seqs 1 --max-num-batched-tokens 1024 --peer hf
+
+--peer tinygrad (with --latency) runs tinygrad.llm, tinygrad's own single-stream engine, on the same weights shape (random, float16).
 """
 import argparse, gc, json, math, os, shutil, statistics, subprocess, sys, tempfile, time
 import numpy as np
@@ -189,6 +191,54 @@ def peer_hf(args):
     if ours and not args.sequential:
       ratio("out tok/s" + (f" (peer on the first {k} of {args.num_requests} reqs)" if k < args.num_requests else ""), ours["tps"], tps)
 
+def peer_tinygrad(args):
+  """--peer-only with --peer tinygrad --latency: tinygrad's own single-stream engine, tinygrad.llm (its Transformer and generate(): one
+  TinyJit for prefill chunks and one for decode, both over symbolic start_pos and chunk length), with random weights of the same shape,
+  in float16 as its GGUF loader gives them (HALF=1). It runs one request at a time, so there is no throughput figure."""
+  import types
+  from tinygrad import nn
+  # the tinygrad 0.14.0 wheel ships tinygrad/llm/model.py without the tinygrad/llm/kernels package it imports (AMD RDNA3 kernels, used
+  # only on AMD): stand in for it with what model.py falls back to on every other device, nn.Linear and no custom kernels
+  amd = types.ModuleType("tinygrad.llm.kernels.amd")
+  amd.Linear, amd.amd_custom_kernels_supported = nn.Linear, lambda device: False
+  amd.gated_delta_prefill = amd.flash_attention = None
+  sys.modules.setdefault("tinygrad.llm.kernels", types.ModuleType("tinygrad.llm.kernels"))
+  sys.modules.setdefault("tinygrad.llm.kernels.amd", amd)
+  from tinygrad.llm.model import Transformer, TransformerConfig
+  assert args.latency, "--peer tinygrad measures batch-1 decode and TTFT only: add --latency"
+  ours = json.load(open(args.peer_ours)) if args.peer_ours else {}
+  dev = select_device(args.device)
+  model, _ = model_folder(args)
+  c = json.load(open(os.path.join(model or BUNDLED_MODEL, "config.json")))
+  if args.config: shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+  name, mml = model_name(args), args.max_model_len or min(c.get("max_position_embeddings", 4096), 4096)
+  head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+  config = TransformerConfig(num_blocks=c["num_hidden_layers"], dim=c["hidden_size"], hidden_dim=c["intermediate_size"],
+                             n_heads=c["num_attention_heads"], n_kv_heads=c["num_key_value_heads"], norm_eps=c["rms_norm_eps"],
+                             vocab_size=c["vocab_size"], head_dim=head_dim, rope_theta=c.get("rope_theta", 10000.0), rope_dim=head_dim,
+                             v_head_dim=head_dim, max_context=mml)
+  t = time.perf_counter()
+  llm = Transformer(config)
+  for p in nn.state.get_parameters(llm): p.replace(p.cast(dtypes.float16).contiguous())   # its random init, in float16
+  Tensor.realize(*nn.state.get_parameters(llm))
+  rng, vocab, pname = np.random.default_rng(args.seed), min(c["vocab_size"], 10000), f"{name} on tinygrad.llm"
+  def timed(prompt_len:int, n:int) -> list[float]:   # a fresh random prompt, so its prefix cache never hits; times of each token
+    gen, times = llm.generate(rng.integers(0, vocab, prompt_len).tolist(), temperature=args.temperature), [time.perf_counter()]
+    for _ in range(n): next(gen); times.append(time.perf_counter())
+    return times
+  prompt, out, T = min(128, mml // 2), min(128, mml // 2), min(1024, mml - 1)
+  runs = [timed(prompt, out) for _ in range(5)][2:]   # 2 warm-up runs (JIT capture)
+  print(f"peer: tinygrad.llm start-up and 2 warm-up runs {time.perf_counter() - t:.1f} s")
+  dec = statistics.median((out - 1) / (r[-1] - r[1]) for r in runs)
+  ttft = statistics.median([(r := timed(T, 1))[1] - r[0] for _ in range(7)][2:])
+  roof = lambda x, key, ms=False: (f"roofline {ours[key] * 1e3:.2f} ms | {ours[key] / x:.1%} |" if ms else
+                                   f"roofline {ours[key]:.0f} tok/s | {x / ours[key]:.1%} |") if ours else "roofline n/a | |"
+  print(f"SUMMARY | {pname} | {dev} | decode batch 1 | {dec:.1f} tok/s | {roof(dec, 'dec_roof')}")
+  print(f"SUMMARY | {pname} | {dev} | TTFT {T} tokens | {ttft * 1e3:.1f} ms | {roof(ttft, 'ttft_roof', True)}")
+  if ours:
+    print(f"RATIO | {name} | {dev} | decode batch 1 tok/s | tinyvllm / tinygrad.llm | {ours['dec'] / dec:.2f}x |")
+    print(f"RATIO | {name} | {dev} | TTFT {T} tokens (speed = 1 / TTFT) | tinyvllm / tinygrad.llm | {ttft / ours['ttft']:.2f}x |")
+
 def model_name(args) -> str: return args.config or os.path.basename((args.model or BUNDLED_MODEL).rstrip("/"))
 
 def main():
@@ -209,7 +259,8 @@ def main():
   p.add_argument("--beam", type=int, help="BEAM width for the decode graphs (searched once, cached in tinygrad's cache.db)")
   p.add_argument("--copy-gib", type=float, default=1.0, help="latency: buffer size of the bandwidth test")
   p.add_argument("--matmul-size", type=int, help="latency: M=N=K of the matmul test (default 8192, 2048 on CPU)")
-  p.add_argument("--peer", choices=["hf"], help="also run Hugging Face transformers on the same workload after ours, and print the ratios")
+  p.add_argument("--peer", choices=["hf", "tinygrad"], help="also run a peer on the same workload after ours, and print the ratios: Hugging "
+                 "Face transformers, or tinygrad.llm (tinygrad's single-stream engine; --latency only)")
   p.add_argument("--peer-only", action="store_true", help="run only the peer (no tinyvllm engine; no rooflines or ratios)")
   p.add_argument("--peer-ours", help=argparse.SUPPRESS)   # a JSON file of our figures, from the bench.py process that starts the peer
   p.add_argument("--peer-num-requests", type=int, help="throughput: the peer runs only the first N of the same requests (it is slow)")
@@ -217,7 +268,7 @@ def main():
                  help="latency: the peer's torch.compile: generate's own of the decode step (default on CUDA), of model.forward, or none")
   args = p.parse_args()
   if args.latency: args.max_num_batched_tokens = max(args.max_num_batched_tokens, 1024)   # the 1024-token prompt must be one step
-  if args.peer_only: return peer_hf(args)   # before select_device: the peer's process opens no tinygrad device
+  if args.peer_only: return (peer_tinygrad if args.peer == "tinygrad" else peer_hf)(args)   # hf: the process opens no tinygrad device
   dev = select_device(args.device)
   if args.latency:   # measured before the engine exists, as on CUDA the KV pool takes 90% of the free memory
     cpu = dev.split(":")[0] == "CPU"

@@ -221,7 +221,7 @@ def test_disconnect_frees_blocks(srv):
   assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 5 * n / 2
 
 def test_metrics(srv):
-  srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=4)
+  for _ in range(2): srv.client.chat.completions.create(model=MODEL, messages=MSGS * 4, max_tokens=4)   # the second hits the prefix cache
   m, text = metrics(srv), metrics(srv)["_text"]
   for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
                "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
