@@ -42,8 +42,7 @@ class Scheduler:
       self.bm.commit(seq)
       if seq.num_computed_tokens < len(seq): continue        # a mid-prompt chunk samples nothing
       if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
-      seq.token_ids.append(token := next(sampled_tokens))
-      self.num_generation_tokens += 1
+      seq.token_ids.append(token := next(sampled_tokens)); self.num_generation_tokens += 1
       outputs.append((seq, self.check_stop(seq, token)))
     return outputs
 

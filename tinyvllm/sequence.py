@@ -73,8 +73,7 @@ class Sequence:
   def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, index:int=0, parent:"Sequence|None"=None, seed:int=0):
     self.seq_id, self.request_id, self.index, self.parent, self.params = next(Sequence.ids), request_id, index, parent, params
     self.prompt_token_ids, self.token_ids = prompt_ids, list(prompt_ids)   # the prompt list is shared by siblings, not copied
-    self.num_computed_tokens, self.seed = 0, seed
-    self.block_table: list[int] = []
+    self.num_computed_tokens, self.seed, self.block_table = 0, seed, []   # block_table: its KV blocks, in order
     self.status, self.finish_reason = Status.WAITING, None
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
     self.held_text, self.detok = "", None   # detokenized text not yet emitted: it may be the start of a stop string
