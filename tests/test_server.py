@@ -421,14 +421,14 @@ def test_disconnects_leave_no_traceback(srv, caplog):
   finally: uvicorn_log.removeHandler(caplog.handler)
   assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
 
-UNSUPPORTED = {  # OpenAI's and vLLM's fields that tinyvllm does not implement yet, each with a value that would change the output; tools
-  # and tool_choice are implemented (tests/test_chat.py), but stories260K has no chat template, so no tool-call format: a 400 too
+UNSUPPORTED = {  # OpenAI's and vLLM's fields that tinyvllm does not implement yet, each with a value that would change the output
   "logprobs": True, "top_logprobs": 2, "tools": [{"type": "function", "function": {"name": "f"}}],
   "tool_choice": "required", "parallel_tool_calls": False, "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
   "logit_bias": {"5": 10}, "min_tokens": 3, "functions": [{"name": "f"}], "function_call": {"name": "f"},
   "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
   "reasoning_effort": "high", "web_search_options": {}, "service_tier": "flex", "store": True, "metadata": {"k": "v"}, "best_of": 2,
-  "use_beam_search": True, "echo": True, "guided_json": {"type": "object"}, "chat_template": "{{ x }}", "add_generation_prompt": False, "continue_final_message": True,
+  "use_beam_search": True, "echo": True, "guided_json": {"type": "object"}, "chat_template": "{{ x }}",
+  "chat_template_kwargs": {"enable_thinking": False}, "add_generation_prompt": False, "continue_final_message": True,
   "skip_special_tokens": False, "prompt_logprobs": 1, "allowed_token_ids": [1, 2], "bad_words": ["x"]}
 NO_OPS = {  # what real clients send by default: the same fields with values that change nothing
   "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "parallel_tool_calls": True,

@@ -35,7 +35,7 @@ class Tokenizer:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent, **kw)  # jinja's own escapes html
     env.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
-    self.chat_template, self.chat_template_text = env.from_string(tmpl) if tmpl else None, tmpl or ""   # chat.py reads the text's markup
+    self.chat_template = env.from_string(tmpl) if tmpl else None
 
   def encode(self, text:str, add_special_tokens:bool=True) -> list[int]:
     ids = self.hf.encode(text, add_special_tokens=False).ids  # BOS is ours to add (add_bos_token may override the post-processor)
@@ -44,14 +44,14 @@ class Tokenizer:
   def decode(self, ids:list[int]) -> str:
     return self.hf.decode([i for i in ids if i not in self.skip and 0 <= i < self.vocab_size])  # ids past the vocab: padded embedding rows
 
-  def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True, **template_kwargs) -> str:   # tools=, enable_thinking=
+  def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True) -> str:
     messages = [m | {"content": _text(m["content"])} if "content" in m else m for m in messages]
     if self.chat_template is None: return "\n".join(m.get("content") or "" for m in messages)  # base model: plain text
     return self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", **template_kwargs)
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
-  def encode_chat(self, messages:list[dict], **template_kwargs) -> list[int]:
-    text = self.apply_chat_template(messages, **template_kwargs)
+  def encode_chat(self, messages:list[dict]) -> list[int]:
+    text = self.apply_chat_template(messages)
     return self.encode(text, add_special_tokens=not (self.bos_token and text.startswith(self.bos_token)))
 
 class IncrementalDetokenizer:
