@@ -100,13 +100,13 @@ def latency(args, llm, name, dev, bw, rate):
   params = sum(t.numel() for t in w.values())
   # decode reads every weight once per token, except the embedding table (one row gathered), plus the whole LM head (tied or not)
   weight_bytes = (params - w["model.embed_tokens.weight"].numel() + runner.model.lm_head.numel()) * it
-  prompt, out = min(128, mml // 2), min(128, mml // 2)
+  prompt, out, T = latency_lengths(mml)
   sp = SamplingParams(temperature=args.temperature, max_tokens=out, ignore_eos=True)
   runs = [timed_request(eng, rng.integers(0, vocab, prompt).tolist(), sp) for _ in range(5)][2:]   # 2 warm-up runs (JIT capture)
   dec = statistics.median((len(t) - 1) / (t[-1] - t[0]) for t in runs)
   kv_bytes = 2 * L * KV * hd * it * (prompt + out / 2)    # K and V of the average context, every layer
   dec_roof = bw / (weight_bytes + kv_bytes)
-  T = min(1024, mml - 1)    # fresh random prompts each run, so the prefix cache never hits
+  # fresh random prompts each run, so the prefix cache never hits
   ttft = statistics.median([timed_request(eng, rng.integers(0, vocab, T).tolist(), SamplingParams(max_tokens=1))[0] for _ in range(7)][2:])
   proj = sum(t.numel() for k, t in w.items() if k.endswith("_proj.weight"))
   # prefill: 2 FLOPs per weight per token in the projections, the LM head for the last token only, causal attention (QK^T and PV)
@@ -151,6 +151,20 @@ def throughput(args, llm, name, dev, ins, outs, prompts) -> float:
         f"{(n_in + n_out) / dt:.1f} total tok/s, {eng.scheduler.num_preemptions} preemptions")
   return throughput_summary(name, dev, mode, ins, outs, dt, n_out)
 
+def latency_lengths(mml:int) -> tuple[int, int, int]:   # prompt and output of the batch-1 decode run, prompt of the TTFT run
+  return min(128, mml // 2), min(128, mml // 2), min(1024, mml - 1)
+
+def peer_latency_report(ours:dict, name:str, peer:str, dev:str, dec:float, ttft:float, T:int):
+  """A peer's batch-1 SUMMARY lines against our rooflines, and with our figures (--peer-ours) a RATIO line each: tinyvllm / the peer."""
+  roof = lambda text: text if ours else "roofline n/a | |"
+  print(f"SUMMARY | {name} on {peer} | {dev} | decode batch 1 | {dec:.1f} tok/s | "
+        + roof(ours and f"roofline {ours['dec_roof']:.0f} tok/s | {dec / ours['dec_roof']:.1%} |"))
+  print(f"SUMMARY | {name} on {peer} | {dev} | TTFT {T} tokens | {ttft * 1e3:.1f} ms | "
+        + roof(ours and f"roofline {ours['ttft_roof'] * 1e3:.2f} ms | {ours['ttft_roof'] / ttft:.1%} |"))
+  if ours:
+    print(f"RATIO | {name} | {dev} | decode batch 1 tok/s | tinyvllm / {peer} | {ours['dec'] / dec:.2f}x |")
+    print(f"RATIO | {name} | {dev} | TTFT {T} tokens (speed = 1 / TTFT) | tinyvllm / {peer} | {ttft / ours['ttft']:.2f}x |")
+
 def peer_hf(args):
   """--peer-only: Hugging Face transformers on the same workload (scripts/bench_peer.py); with --peer-ours (our figures, from the parent
   bench.py process), one RATIO line per figure: tinyvllm's speed / the peer's."""
@@ -165,9 +179,8 @@ def peer_hf(args):
   mml, vocab = args.max_model_len or min(c.max_position_embeddings, 4096), c.vocab_size   # the parent passes its max_model_len
   print(f"peer: {bench_peer.free_memory(device)}")
   hf, pname = bench_peer.load(c, device, args.dtype), f"{name} on transformers"
-  def ratio(what, x, y): print(f"RATIO | {name} | {dev} | {what} | tinyvllm / transformers | {x / y:.2f}x |")
-  if args.latency:   # the lengths of latency()
-    prompt, out, T = min(128, mml // 2), min(128, mml // 2), min(1024, mml - 1)
+  if args.latency:
+    prompt, out, T = latency_lengths(mml)
     compile = args.peer_compile or ("generate" if device == "cuda" else "none")
     if args.peer_compile is None and device != "cuda": print("peer: torch.compile skipped on CPU (--peer-compile generate to force)")
     try: dec, ttft = bench_peer.latency(hf, prompt, out, T, min(vocab, 10000), args.temperature, args.seed, compile)
@@ -176,11 +189,7 @@ def peer_hf(args):
       print(f"peer: WARNING the torch.compile run failed ({type(e).__name__}: {str(e)[:300]}); eager instead, on a fresh model")
       hf = bench_peer.load(c, device, args.dtype)
       dec, ttft = bench_peer.latency(hf, prompt, out, T, min(vocab, 10000), args.temperature, args.seed, "none")
-    roof = f"roofline {ours['dec_roof']:.0f} tok/s | {dec / ours['dec_roof']:.1%} |" if ours else "roofline n/a | |"
-    print(f"SUMMARY | {pname} | {dev} | decode batch 1 | {dec:.1f} tok/s | {roof}")
-    roof = f"roofline {ours['ttft_roof'] * 1e3:.2f} ms | {ours['ttft_roof'] / ttft:.1%} |" if ours else "roofline n/a | |"
-    print(f"SUMMARY | {pname} | {dev} | TTFT {T} tokens | {ttft * 1e3:.1f} ms | {roof}")
-    if ours: ratio("decode batch 1 tok/s", ours["dec"], dec); ratio(f"TTFT {T} tokens (speed = 1 / TTFT)", ttft, ours["ttft"])
+    peer_latency_report(ours, name, "transformers", dev, dec, ttft, T)
   else:
     ins, outs, prompts = workload(args, vocab, mml)   # the same seeded requests as ours
     k = min(args.peer_num_requests or len(prompts), len(prompts))
@@ -189,7 +198,8 @@ def peer_hf(args):
     print(f"peer batched: {k} requests, {int(sum(ins))} prompt + {n_out} output tokens in {dt:.2f} s: {n_out / dt:.1f} output tok/s")
     tps = throughput_summary(pname, dev, "batched", ins, outs, dt, n_out)
     if ours and not args.sequential:
-      ratio("out tok/s" + (f" (peer on the first {k} of {args.num_requests} reqs)" if k < args.num_requests else ""), ours["tps"], tps)
+      first = f" (peer on the first {k} of {args.num_requests} reqs)" if k < args.num_requests else ""
+      print(f"RATIO | {name} | {dev} | out tok/s{first} | tinyvllm / transformers | {ours['tps'] / tps:.2f}x |")
 
 def peer_tinygrad(args):
   """--peer-only with --peer tinygrad --latency: tinygrad's own single-stream engine, tinygrad.llm (its Transformer and generate(): one
@@ -221,23 +231,17 @@ def peer_tinygrad(args):
   llm = Transformer(config)
   for p in nn.state.get_parameters(llm): p.replace(p.cast(dtypes.float16).contiguous())   # its random init, in float16
   Tensor.realize(*nn.state.get_parameters(llm))
-  rng, vocab, pname = np.random.default_rng(args.seed), min(c["vocab_size"], 10000), f"{name} on tinygrad.llm"
+  rng, vocab = np.random.default_rng(args.seed), min(c["vocab_size"], 10000)
   def timed(prompt_len:int, n:int) -> list[float]:   # a fresh random prompt, so its prefix cache never hits; times of each token
     gen, times = llm.generate(rng.integers(0, vocab, prompt_len).tolist(), temperature=args.temperature), [time.perf_counter()]
     for _ in range(n): next(gen); times.append(time.perf_counter())
     return times
-  prompt, out, T = min(128, mml // 2), min(128, mml // 2), min(1024, mml - 1)
+  prompt, out, T = latency_lengths(mml)
   runs = [timed(prompt, out) for _ in range(5)][2:]   # 2 warm-up runs (JIT capture)
   print(f"peer: tinygrad.llm start-up and 2 warm-up runs {time.perf_counter() - t:.1f} s")
   dec = statistics.median((out - 1) / (r[-1] - r[1]) for r in runs)
   ttft = statistics.median([(r := timed(T, 1))[1] - r[0] for _ in range(7)][2:])
-  roof = lambda x, key, ms=False: (f"roofline {ours[key] * 1e3:.2f} ms | {ours[key] / x:.1%} |" if ms else
-                                   f"roofline {ours[key]:.0f} tok/s | {x / ours[key]:.1%} |") if ours else "roofline n/a | |"
-  print(f"SUMMARY | {pname} | {dev} | decode batch 1 | {dec:.1f} tok/s | {roof(dec, 'dec_roof')}")
-  print(f"SUMMARY | {pname} | {dev} | TTFT {T} tokens | {ttft * 1e3:.1f} ms | {roof(ttft, 'ttft_roof', True)}")
-  if ours:
-    print(f"RATIO | {name} | {dev} | decode batch 1 tok/s | tinyvllm / tinygrad.llm | {ours['dec'] / dec:.2f}x |")
-    print(f"RATIO | {name} | {dev} | TTFT {T} tokens (speed = 1 / TTFT) | tinyvllm / tinygrad.llm | {ttft / ours['ttft']:.2f}x |")
+  peer_latency_report(ours, name, "tinygrad.llm", dev, dec, ttft, T)
 
 def model_name(args) -> str: return args.config or os.path.basename((args.model or BUNDLED_MODEL).rstrip("/"))
 

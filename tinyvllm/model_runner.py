@@ -135,7 +135,7 @@ class ModelRunner:
     """Capture every step graph before serving (a TinyJit compiles on its first call and records on its second), so no request pays
     for compiling or capturing one. BEAM, when asked for, tunes only the decode-sized graphs."""
     # tinygrad lowers every kernel anew in each process (its to_program cache lives in memory): kept in its cache.db beside the compiled
-    # binaries, by device and model shape, an earlier start-up's lowered kernels are not lowered again (CPU, bundled model: 86 -> 42 s)
+    # binaries, by device and model shape, an earlier start-up's lowered kernels are not lowered again (CPU, bundled model: 86-91 -> 35 s)
     tinygrad.codegen.to_program_cache.update(diskcache_get("tinyvllm_programs", key := f"{self.device} {self.hf_config}") or {})
     for num_tokens in tqdm(self.buckets * 2, desc="capturing step graphs"):
       with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0):
