@@ -91,8 +91,7 @@ class LLMEngine:
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
-  def __init__(self, model:str|None=None, device:str|None=None, **kwargs):
-    self.engine = LLMEngine(Config(model=model, device=device, **kwargs))
+  def __init__(self, model:str|None=None, device:str|None=None, **kwargs): self.engine = LLMEngine(Config(model=model, device=device, **kwargs))
 
   def generate(self, prompts, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
     """prompts: one prompt or a list of them, in any of vLLM's forms (see LLMEngine.prompt_ids). Every prompt is checked before any is

@@ -1,4 +1,4 @@
-import functools, itertools, logging, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen
+import functools, itertools, logging, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import tqdm, diskcache_get, diskcache_put
 from tinyvllm.config import Config
@@ -116,7 +116,10 @@ class ModelRunner:
     filtered = filtered or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 or seq.params.min_p > 0 for seq in sampled)
     def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
       fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)
-      return fxn(*args) if self.config.enforce_eager else self.graphs.setdefault((graph, num_tokens), TinyJit(fxn))(*args)
+      # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load): prune
+      # moves the graph's constant kernels (aranges) out to run once at capture
+      if (jit := self.graphs.setdefault((graph, num_tokens), TinyJit(fxn, prune=True))).cnt == 0: jit.cnt = 1
+      return fxn(*args) if self.config.enforce_eager else jit(*args)
     logits = call(("model",), self.forward, step_buffer := Tensor(step_buffer))
     out = call(("sampler", filtered), self.sample, step_buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
     return out.tolist()[:num_sampled]
@@ -132,12 +135,13 @@ class ModelRunner:
     return Tensor(words) if rows else self.no_grammar.setdefault(num_rows, Tensor(words).realize())
 
   def capture_graphs(self):
-    """Capture every step graph before serving (a TinyJit compiles on its first call and records on its second), so no request pays
-    for compiling or capturing one. BEAM, when asked for, tunes only the decode-sized graphs."""
-    # tinygrad lowers every kernel anew in each process (its to_program cache lives in memory): kept in its cache.db beside the compiled
-    # binaries, by device and model shape, an earlier start-up's lowered kernels are not lowered again (CPU, bundled model: 86-91 -> 35 s)
-    tinygrad.codegen.to_program_cache.update(diskcache_get("tinyvllm_programs", key := f"{self.device} {self.hf_config}") or {})
-    for num_tokens in tqdm(self.buckets * 2, desc="capturing step graphs"):
+    """Capture every step graph before serving, so no request pays for compiling or capturing one. BEAM, when asked for, tunes only the
+    decode-sized graphs."""
+    # tinygrad schedules and lowers every kernel anew in each process (those caches live in memory): kept in its cache.db beside the
+    # compiled binaries, by device and model shape, an earlier start-up's work is not done again (CPU, bundled model: 86-91 -> 19 s)
+    caches = (tinygrad.schedule.schedule_cache, tinygrad.codegen.to_program_cache)
+    for cache, stored in zip(caches, diskcache_get("tinyvllm_caches", key := f"{self.device} {self.hf_config}") or ()): cache.update(stored)
+    for num_tokens in tqdm(self.buckets, desc="capturing step graphs"):
       with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0):
         for filtered in (False, True): self.run([], num_tokens, filtered)
-    diskcache_put("tinyvllm_programs", key, dict(tinygrad.codegen.to_program_cache))
+    diskcache_put("tinyvllm_caches", key, tuple(map(dict, caches)))

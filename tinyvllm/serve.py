@@ -149,8 +149,7 @@ class OpenAIServer:
 
   def account(self, out, counts:list[int]):   # per-choice token counts; on the final output, the latency metrics
     for output in out.outputs: counts[output.index] += len(output.token_ids)
-    if not out.finished or not out.metrics: return
-    times = out.metrics
+    if not out.finished or not (times := out.metrics): return
     self.latency["time_to_first_token"].observe(times["first_token_time"] - times["arrival_time"])
     self.latency["e2e_request_latency"].observe(times["finish_time"] - times["arrival_time"])
     if max(counts) > 1:   # the longest choice ends last
