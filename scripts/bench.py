@@ -201,6 +201,18 @@ def peer_hf(args):
       first = f" (peer on the first {k} of {args.num_requests} reqs)" if k < args.num_requests else ""
       print(f"RATIO | {name} | {dev} | out tok/s{first} | tinyvllm / transformers | {ours['tps'] / tps:.2f}x |")
 
+def fix_symbolic_cuda_graphs():
+  """tinygrad 0.14.0's CUDAGraph sizes every launch at build time with each symbolic variable = 0: a zero grid, which
+  cuGraphAddKernelNode refuses (CUDA Error 1, invalid argument); the real sizes are patched in at each call. tinygrad.llm's graphs are
+  symbolic (start_pos), so for this peer only, the graph class is rebuilt with 1 there: a workaround for the upstream bug described in
+  the shared tinygrad guide, section 9 (our own graphs have fixed shapes and never hit it)."""
+  import inspect, tinygrad.runtime.graph.cuda as cuda_graph
+  source = inspect.getsource(cuda_graph)
+  assert "{v: 0 for v in self.vars}" in source, "tinygrad's CUDAGraph changed: check whether the workaround is still needed"
+  namespace = dict(vars(cuda_graph))
+  exec(compile(source.replace("{v: 0 for v in self.vars}", "{v: 1 for v in self.vars}"), cuda_graph.__file__, "exec"), namespace)
+  Device["CUDA"].graph = namespace["CUDAGraph"]
+
 def peer_tinygrad(args):
   """--peer-only with --peer tinygrad --latency: tinygrad's own single-stream engine, tinygrad.llm (its Transformer and generate(): one
   TinyJit for prefill chunks and one for decode, both over symbolic start_pos and chunk length), with random weights of the same shape,
@@ -218,6 +230,9 @@ def peer_tinygrad(args):
   assert args.latency, "--peer tinygrad measures batch-1 decode and TTFT only: add --latency"
   ours = json.load(open(args.peer_ours)) if args.peer_ours else {}
   dev = select_device(args.device)
+  if dev == "CUDA": fix_symbolic_cuda_graphs()
+  # --beam as for ours, through tinygrad's JITBEAM: the shared guide measured tinygrad.llm at 480 tok/s with JITBEAM=2 on an H200
+  if args.beam: os.environ["JITBEAM"] = str(args.beam)
   model, _ = model_folder(args)
   c = json.load(open(os.path.join(model or BUNDLED_MODEL, "config.json")))
   if args.config: shutil.rmtree(os.path.dirname(model), ignore_errors=True)
@@ -238,7 +253,7 @@ def peer_tinygrad(args):
     return times
   prompt, out, T = latency_lengths(mml)
   runs = [timed(prompt, out) for _ in range(5)][2:]   # 2 warm-up runs (JIT capture)
-  print(f"peer: tinygrad.llm start-up and 2 warm-up runs {time.perf_counter() - t:.1f} s")
+  print(f"peer: tinygrad.llm (JITBEAM={args.beam or 0}) start-up and 2 warm-up runs {time.perf_counter() - t:.1f} s")
   dec = statistics.median((out - 1) / (r[-1] - r[1]) for r in runs)
   ttft = statistics.median([(r := timed(T, 1))[1] - r[0] for _ in range(7)][2:])
   peer_latency_report(ours, name, "tinygrad.llm", dev, dec, ttft, T)
