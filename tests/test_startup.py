@@ -1,0 +1,28 @@
+"""Start-up: a second process reuses the schedules and lowered kernels that the first one stored in tinygrad's cache.db (it schedules no
+kernel anew while capturing its step graphs), and both still generate the recorded transformers greedy text."""
+import json, os, subprocess, sys
+
+CASE = json.load(open(os.path.join(os.path.dirname(__file__), "data", "reference.json")))["cases"][0]
+CHILD = """
+import json, sys, tinygrad.schedule
+from tinyvllm import LLM, SamplingParams
+from tinyvllm.model_runner import ModelRunner
+case, scheduled, capture, get_kernel_graph = json.loads(sys.argv[1]), [], ModelRunner.capture_graphs, tinygrad.schedule.get_kernel_graph
+tinygrad.schedule.get_kernel_graph = lambda *args, **kwargs: scheduled.append(1) or get_kernel_graph(*args, **kwargs)
+def counted(self): capture(self); print(json.dumps({"scheduled_while_capturing": len(scheduled)}))
+ModelRunner.capture_graphs = lambda self: scheduled.clear() or counted(self)
+llm = LLM(device="CPU", max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128)
+out = llm.generate([case["prompt_token_ids"]], SamplingParams(temperature=0, max_tokens=case["num_new_tokens"]), use_tqdm=False)[0]
+print(json.dumps({"token_ids": out.outputs[0].token_ids, "text": out.outputs[0].text}))
+"""
+
+def start_up(cache_db:str) -> dict:
+  run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASE)], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "CACHEDB": cache_db})
+  assert run.returncode == 0, run.stderr[-3000:]
+  return {k: v for line in run.stdout.splitlines() if line.startswith("{") for k, v in json.loads(line).items()}
+
+def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(tmp_path):
+  first, second = start_up(str(tmp_path / "cache.db")), start_up(str(tmp_path / "cache.db"))
+  assert first["scheduled_while_capturing"] > 0 and second["scheduled_while_capturing"] == 0
+  for run in (first, second): assert run["token_ids"] == CASE["output_token_ids"] and run["text"] == CASE["output_text_in_context"]
