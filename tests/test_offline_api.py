@@ -1,6 +1,6 @@
 """The offline API behaves like vLLM's `LLM`: prompt forms, chat, validation before queueing, stop reasons, errors that leave the engine
 clean. References are the recorded transformers outputs (tests/data/reference.json) and the engine's own plain-token-id path."""
-import json, os, random, time, pytest
+import gc, json, os, random, time, weakref, pytest
 from tinyvllm import LLM, SamplingParams, Config
 from tinyvllm.llm_engine import LLMEngine, EngineError
 from tinyvllm.sequence import ParamError, MAX_STOP_STRINGS
@@ -74,6 +74,14 @@ def test_first_sampler_variants_capture_no_graph(llm):
   for params in [SamplingParams(temperature=0.8, top_p=0.5, max_tokens=8), SamplingParams(top_k=3, seed=5, max_tokens=8)]:
     llm.generate([REF[2]["prompt"]] * 3, params, use_tqdm=False)
   assert llm.engine.runner.graphs == graphs and time.perf_counter() - start < 5
+
+def test_a_dropped_llm_is_collected_with_its_graphs_and_kv_pool():
+  """Offline engines are not frozen out of the garbage collector (only the server's, which lives as long as its process, is)."""
+  llm = LLM(max_num_seqs=8, max_num_batched_tokens=64)   # the fixture's shapes: its graphs come from the caches
+  runner = weakref.ref(llm.engine.runner)
+  del llm
+  gc.collect()
+  assert runner() is None
 
 def test_engine_leaves_global_random_and_the_callers_config_alone():
   config = Config(max_num_seqs=4, enforce_eager=True)

@@ -29,9 +29,6 @@ class LLMEngine:
     self.requests: dict[str, list[Sequence]] = {}
     self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
     if not config.enforce_eager: self.runner.capture_graphs()
-    # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the engine: frozen (as vLLM does after capture),
-    # no later full collection walks them (each was a 0.1-0.4 s stall of the engine loop, every few hundred steps)
-    gc.collect(); gc.freeze()
 
   def prompt_ids(self, prompt:str|list[int]|dict) -> list[int]:
     """vLLM's prompt forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}) as checked token ids."""
@@ -133,6 +130,9 @@ class AsyncLLM:
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
     self.engine, self.work, self.inbox, self.healthy = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True
+    # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
+    # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped
+    gc.collect(); gc.freeze()
     self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
     threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
