@@ -10,6 +10,8 @@ setup(
   package_data={"tinyvllm": ["stories260K/*"]},  # the bundled default model ships with the package
   include_package_data=True,
   python_requires=">=3.10",
+  # tinygrad is pinned: ModelRunner.capture_graphs keeps pickled tinygrad schedules and programs in cache.db, valid for this version only
+  # (moving the pin needs a new table name there, "tinyvllm_caches")
   install_requires=["tinygrad==0.14.0", "safetensors", "starlette", "uvicorn", "jinja2", "numpy", "tokenizers", "huggingface_hub",
                     "prometheus-client", "llguidance"],
   # torch is left out on purpose: the tests need transformers' reference logits on the CPU, and torch's default wheel on Linux is a

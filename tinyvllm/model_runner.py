@@ -139,7 +139,7 @@ class ModelRunner:
     decode-sized graphs."""
     # tinygrad schedules and lowers every kernel anew in each process (those caches live in memory): kept in its cache.db beside the
     # compiled binaries, by device and model shape, an earlier start-up's work is not done again (warm start-up, CPU, bundled model:
-    # 86-91 -> 17 s; H100, Llama-3.2-1B shape: 97-112 -> 19-22 s)
+    # 86-91 -> 17 s; H100, Llama-3.2-1B shape: 97-112 -> 19-22 s). They are pickled tinygrad objects: see setup.py's pin
     caches = (tinygrad.schedule.schedule_cache, tinygrad.codegen.to_program_cache)
     for cache, stored in zip(caches, diskcache_get("tinyvllm_caches", key := f"{self.device} {self.hf_config}") or ()): cache.update(stored)
     sizes = [len(cache) for cache in caches]   # written back only if this start-up added to them: pickling ~40 MB takes seconds
