@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Rebuild the shipped tinygrad cache (scripts/tinygrad-cache-sm90.db.gz) with only what today's code uses.
+
+tinygrad's cache.db only grows: the shipped one holds every kernel that any earlier version of the engine compiled (7,665 CUDA binaries
+on 2026-11-23, 16 MB gzipped), so there is no room left in it for the schedules and lowered programs that ModelRunner.capture_graphs
+stores (with them a fresh machine would start as fast as a warm one). This starts from an empty cache.db that keeps only the BEAM
+search results of the old one (small, and slow to search again), starts each benchmark engine once (bench.py, one tiny request), and
+writes the result gzipped. --without-stored leaves out the stored schedules and programs, for when they do not fit.
+
+  python scripts/build_cache.py --device CUDA          # the Llama-3.2-1B engines of BENCHMARKS.md's throughput and latency commands
+  python scripts/build_cache.py --device CPU --config "" --engine "--max-num-seqs 8 --max-num-batched-tokens 64" --out /tmp/cpu.db.gz
+"""
+import argparse, gzip, os, shutil, sqlite3, subprocess, sys, tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIPPED = os.path.join(HERE, "tinygrad-cache-sm90.db.gz")
+# the engine shapes of BENCHMARKS.md's throughput and latency commands, as bench.py's flags
+ENGINES = ["--kv-cache-memory 40", "--kv-cache-memory 40 --max-num-seqs 1 --max-num-batched-tokens 1024 --beam 2"]
+
+def table_sizes(db:sqlite3.Connection) -> dict[str, tuple[int, int]]:
+  tables = [t for (t,) in db.execute("select name from sqlite_master where type='table'")]
+  return {t: db.execute(f"select count(*), coalesce(sum(length(val)), 0) from '{t}'").fetchone() for t in tables}
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--device", default="CUDA")
+  p.add_argument("--config", default="llama-3.2-1b", help="a scripts/configs folder; empty for the bundled model")
+  p.add_argument("--old", default=SHIPPED, help="the cache whose BEAM results are kept (gzipped or not)")
+  p.add_argument("--out", default=SHIPPED)
+  p.add_argument("--engine", action="append", help=f"bench.py's engine flags, once per engine to start (default: {ENGINES})")
+  p.add_argument("--without-stored", action="store_true", help="drop the tinyvllm_* tables (stored schedules and programs)")
+  args = p.parse_args()
+  work = tempfile.mkdtemp(prefix="tinyvllm-cache-")
+  old, new = os.path.join(work, "old.db"), os.path.join(work, "cache.db")
+  with (gzip.open if args.old.endswith(".gz") else open)(args.old, "rb") as src, open(old, "wb") as dst: shutil.copyfileobj(src, dst)
+  db = sqlite3.connect(new)
+  db.execute("attach database ? as old", (old,))
+  for (table, sql) in db.execute("select name, sql from old.sqlite_master where type='table' and name like 'beam_search%'").fetchall():
+    db.execute(sql); db.execute(f"insert into '{table}' select * from old.'{table}'")
+  db.commit(); db.execute("detach database old"); db.close()
+  tiny = "--num-requests 1 --min-input 8 --max-input 16 --min-output 2 --max-output 4"
+  for flags in args.engine or ENGINES:
+    cmd = [sys.executable, os.path.join(HERE, "bench.py"), "--device", args.device, *tiny.split(), *flags.split()]
+    if args.config: cmd += ["--config", args.config]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env={**os.environ, "CACHEDB": new})
+  db = sqlite3.connect(new)
+  if args.without_stored:
+    for table in [t for t in table_sizes(db) if t.startswith("tinyvllm")]: db.execute(f"drop table '{table}'")
+    db.commit()
+  db.execute("vacuum")
+  for table, (rows, size) in table_sizes(db).items(): print(f"{table}: {rows} rows, {size / 1e6:.1f} MB of values")
+  db.close()
+  with open(new, "rb") as src, gzip.open(args.out, "wb") as dst: shutil.copyfileobj(src, dst)
+  print(f"{args.out}: {os.path.getsize(args.out) / 1e6:.1f} MB gzipped")
+  shutil.rmtree(work)
+
+if __name__ == "__main__": main()
