@@ -118,7 +118,7 @@ class ModelRunner:
       fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load): prune
       # moves the graph's constant kernels (aranges) out to run once at capture
-      if (jit := self.graphs.setdefault((graph, num_tokens), TinyJit(fxn, prune=True))).cnt == 0: jit.cnt = 1
+      if (jit := self.graphs.get(key := (graph, num_tokens))) is None: jit = self.graphs[key] = TinyJit(fxn, prune=True); jit.cnt = 1
       return fxn(*args) if self.config.enforce_eager else jit(*args)
     logits = call(("model",), self.forward, step_buffer := Tensor(step_buffer))
     out = call(("sampler", filtered), self.sample, step_buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
