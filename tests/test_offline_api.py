@@ -105,12 +105,12 @@ def test_hub_id_that_cannot_be_fetched_fails_in_one_sentence(monkeypatch):
 def test_a_failing_step_fails_only_its_requests(llm, monkeypatch):
   """Fault injection on the real engine: the step holding the marked prompt raises; a request outside that step carries on."""
   engine, marked = llm.engine, REF[2]["prompt_token_ids"]
-  run = engine.runner.run
+  run = engine.runner.prepare
   def faulty(batch, *args):
     if any(seq.prompt_token_ids == marked for seq, _ in batch): raise RuntimeError("injected fault")
     return run(batch, *args)
   alone = llm.generate(REF[1]["prompt"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
-  monkeypatch.setattr(engine.runner, "run", faulty)
+  monkeypatch.setattr(engine.runner, "prepare", faulty)
   survivor = engine.add_request(REF[1]["prompt"], GREEDY)
   for _ in range(3): engine.step()                      # the survivor's prompt is in the cache and it is decoding
   victim = engine.add_request(marked, GREEDY)

@@ -319,16 +319,16 @@ def test_running_metric_counts_requests(srv):
 def failing_step(srv, messages):
   """Fault injection into the real engine: the first step whose batch holds this prompt waits for `release`, then raises as a driver
   would. Requests sent while it waits are not in that step."""
-  marked, run = srv.tok.encode_chat(messages), srv.llm.engine.runner.run
+  marked, run = srv.tok.encode_chat(messages), srv.llm.engine.runner.prepare
   fault = types.SimpleNamespace(hit=threading.Event(), release=threading.Event())
   def run_or_fail(batch, *args, **kw):
     if not fault.hit.is_set() and any(seq.prompt_token_ids == marked for seq, _ in batch):
       fault.hit.set(); fault.release.wait(30)
       raise RuntimeError("CUDA error: an illegal memory access was encountered (C++ frame 0xdeadbeef)")
     return run(batch, *args, **kw)
-  srv.llm.engine.runner.run = run_or_fail
+  srv.llm.engine.runner.prepare = run_or_fail
   try: yield fault
-  finally: fault.release.set(); srv.llm.engine.runner.run = run
+  finally: fault.release.set(); srv.llm.engine.runner.prepare = run
 
 def test_a_failing_step_fails_only_its_requests(srv):
   """An exception inside an engine step fails the requests in that step: a stream gets an OpenAI-shaped error event, then [DONE]; a
@@ -359,14 +359,14 @@ def test_a_failing_step_fails_only_its_requests(srv):
 
 def test_health_says_503_when_the_engine_cannot_recover(srv):
   """When even an empty step fails after a fault, the engine cannot recover: /health is 503, and new requests get a 503 at once."""
-  run = srv.llm.engine.runner.run
+  run = srv.llm.engine.runner.prepare
   def broken(*args, **kw): raise RuntimeError("device lost")
-  srv.llm.engine.runner.run = broken
+  srv.llm.engine.runner.prepare = broken
   try:
     assert_error(post(srv, {"messages": MSGS, "max_tokens": 2}), 500, None)
     assert httpx.get(srv.url + "/health").status_code == 503
     assert_error(post(srv, {"messages": MSGS, "max_tokens": 2}), 503, None)
-  finally: srv.llm.engine.runner.run, srv.llm.healthy = run, True   # the fault was ours: lift it
+  finally: srv.llm.engine.runner.prepare, srv.llm.healthy = run, True   # the fault was ours: lift it
   assert httpx.get(srv.url + "/health").status_code == 200 and chat_text(srv, MSGS, max_tokens=2)
 
 def test_parsing_and_tokenizing_run_off_the_event_loop(srv):

@@ -27,6 +27,7 @@ class LLMEngine:
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
     self.requests: dict[str, list[Sequence]] = {}
+    self.in_flight = ([], None)   # the launched step: its sampling sequences and the tokens they get, still on the GPU
     self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
     if not config.enforce_eager: self.runner.capture_graphs()
 
@@ -61,11 +62,18 @@ class LLMEngine:
   def has_unfinished(self) -> bool: return bool(self.requests)
 
   def step(self) -> list[RequestOutput]:
-    """One engine iteration. Returns a delta (new text and token ids) for each request whose sequences produced output."""
-    if not (batch := self.scheduler.schedule()): return []
-    try: outputs = self.scheduler.postprocess(batch, self.runner.run(batch))
-    except Exception as e:   # only the step's own requests fail: aborted here, they give their blocks back
-      failed = list(dict.fromkeys(seq.request_id for seq, _ in batch))
+    """One engine iteration, overlapped with the GPU as in vLLM's async scheduling: step N+1 is scheduled and packed while the GPU runs
+    step N; step N's tokens are waited for only then (they are N+1's inputs), and detokenized and stop-checked while the GPU runs N+1.
+    Returns a delta (new text and token ids) for each request whose sequences produced output."""
+    batch, (seqs, sampled) = self.scheduler.schedule(), self.in_flight
+    try:
+      launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
+      self.scheduler.receive(seqs, tokens := sampled.tolist()[:len(seqs)] if seqs else [])
+      self.in_flight = (sampling, launch())
+      outputs = self.scheduler.postprocess(seqs, tokens)
+      self.scheduler.advance(batch)
+    except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
+      failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)
       for request_id in failed: self.abort(request_id)
       raise EngineError(failed) from e
     deltas: dict[str, list[CompletionOutput]] = {}
@@ -149,7 +157,7 @@ class AsyncLLM:
         failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
         for request_id in failed: self.engine.abort(request_id)
         outs += [(request_id, EngineError(failed)) for request_id in failed]
-        try: self.engine.runner.run([], self.engine.runner.buckets[0])
+        try: self.engine.runner.prepare([], self.engine.runner.buckets[0])[0]().tolist()
         except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
       self.work.clear()   # clear, then look again: a request that arrived meanwhile set the event after our last check
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()

@@ -1,4 +1,4 @@
-import functools, itertools, logging, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
+import functools, itertools, typing, logging, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import tqdm, diskcache_get, diskcache_put
 from tinyvllm.config import Config
@@ -82,8 +82,10 @@ class ModelRunner:
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
     return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
 
-  def run(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered:bool=False) -> list[int]:
-    """Computes k tokens of each (seq, k); returns one sampled token for every sequence whose last token was computed, in batch order."""
+  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered:bool=False) -> tuple[typing.Callable[[], Tensor], list[Sequence]]:
+    """Packs the step that computes k tokens of each (seq, k). Returns its launch, which gives (on the GPU, not waited for) one token
+    for each sequence whose last token is computed, and those sequences, in batch order. The launch reads the input tokens last: with
+    async scheduling, the previous step's samples are among them, and they arrive only just before."""
     block_size, vocab_size = self.config.block_size, self.hf_config["vocab_size"]
     # one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy calls per
     # sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
@@ -102,8 +104,6 @@ class ModelRunner:
     block_tables[:len(batch)][used_blocks] = np.fromiter(itertools.chain(*(s.block_table for s, _ in batch)), int)
     seq_of_token = np.repeat(np.arange(len(batch)), num_new)
     positions = np.arange(total) - np.repeat(np.cumsum(num_new) - num_new, num_new) + num_cached[seq_of_token]
-    new_tokens = (s.token_ids[s.num_computed_tokens:s.num_computed_tokens + k] for s, k in batch)
-    rows["tokens"][:total] = np.fromiter(itertools.chain(*new_tokens), int, total)
     rows["positions"][:total], rows["token_seq"][:total], rows["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
     rows["slots"][:] = -1   # padding tokens write nowhere
     rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
@@ -120,9 +120,12 @@ class ModelRunner:
       # moves the graph's constant kernels (aranges) out to run once at capture
       if (jit := self.graphs.get(key := (graph, num_tokens))) is None: jit = self.graphs[key] = TinyJit(fxn, prune=True); jit.cnt = 1
       return fxn(*args) if self.config.enforce_eager else jit(*args)
-    logits = call(("model",), self.forward, step_buffer := Tensor(step_buffer))
-    out = call(("sampler", filtered), self.sample, step_buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
-    return out.tolist()[:num_sampled]
+    def launch() -> Tensor:
+      new_tokens = (s.token_ids[s.num_computed_tokens:s.num_computed_tokens + k] for s, k in batch)
+      rows["tokens"][:total] = np.fromiter(itertools.chain(*new_tokens), int, total)
+      logits = call(("model",), self.forward, buffer := Tensor(step_buffer))
+      return call(("sampler", filtered), self.sample, buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
+    return launch, sampled
 
   def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
     """Each sampled row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
@@ -144,5 +147,5 @@ class ModelRunner:
     for cache, stored in zip(caches, diskcache_get("tinyvllm_caches", key := f"{self.device} {self.hf_config}") or ()): cache.update(stored)
     sizes = [len(cache) for cache in caches]   # written back only if this start-up added to them: pickling ~40 MB takes seconds
     for num_tokens, filtered in tqdm(list(itertools.product(self.buckets, (False, True))), desc="capturing step graphs"):
-      with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.run([], num_tokens, filtered)
+      with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.prepare([], num_tokens, filtered)[0]()
     if [len(cache) for cache in caches] != sizes: diskcache_put("tinyvllm_caches", key, tuple(map(dict, caches)))

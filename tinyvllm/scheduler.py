@@ -33,16 +33,26 @@ class Scheduler:
       batch.append((seq, num_tokens := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_tokens
     return batch
 
-  def postprocess(self, batch:list[tuple[Sequence, int]], sampled:list[int]) -> list[tuple[Sequence, CompletionOutput]]:
-    """The step's bookkeeping: its KV is now computed, full blocks are registered for prefix caching, each sampled token is appended,
-    detokenized and checked against the stop conditions, and finished sequences give their blocks back at once."""
-    sampled_tokens, outputs = iter(sampled), []
+  def advance(self, batch:list[tuple[Sequence, int]]):
+    """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples holds a
+    placeholder for the token the GPU is drawing, so the next step can be scheduled now (vLLM's async scheduling)."""
     for seq, num_tokens in batch:
-      seq.num_computed_tokens += num_tokens
-      self.bm.commit(seq)
-      if seq.num_computed_tokens < len(seq): continue        # a mid-prompt chunk samples nothing
+      if seq.status != Status.RUNNING: continue   # stopped by the previous step's token: this step ran it for nothing
+      seq.num_computed_tokens += num_tokens; self.bm.commit(seq)   # full blocks are registered for prefix caching
+      if seq.num_computed_tokens == len(seq): seq.token_ids.append(-1)   # a mid-prompt chunk samples nothing
+
+  def receive(self, seqs:list[Sequence], tokens:list[int]):
+    """A step's tokens replace their placeholders before the next step's launch, which reads them (and their grammars' masks)."""
+    for seq, token in zip(seqs, tokens):
+      if seq.status != Status.FINISHED: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
+
+  def postprocess(self, seqs:list[Sequence], tokens:list[int]) -> list[tuple[Sequence, CompletionOutput]]:
+    """The step's bookkeeping, done while the GPU runs the next step: counts, detokenizing and stop checks."""
+    outputs = []
+    for seq, token in zip(seqs, tokens):
+      if seq.status == Status.FINISHED: continue   # stopped by the step before, or aborted while its step ran
       if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
-      seq.token_ids.append(token := next(sampled_tokens)); self.num_generation_tokens += 1
+      self.num_generation_tokens += 1
       outputs.append((seq, self.check_stop(seq, token)))
     return outputs
 
@@ -53,7 +63,7 @@ class Scheduler:
     reason = stop_reason = None
     if token in params.stop_token_ids: reason, stop_reason = "stop", token
     elif token in self.eos_ids and not params.ignore_eos: reason = "stop"
-    elif seq.matcher and (not seq.matcher.consume_token(token) or seq.matcher.is_stopped()): reason = "stop"   # the grammar is complete
+    elif seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"   # the grammar is complete
     for stop in params.stop:   # a match can only start in the new text or in the len(stop) - 1 held characters before it
       if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
         seq.held_text = seq.held_text[:i + len(stop) if params.include_stop_str_in_output else i]

@@ -72,7 +72,8 @@ class Sequence:
   ids = itertools.count()
   def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, index:int=0, parent:"Sequence|None"=None, seed:int=0):
     self.seq_id, self.request_id, self.index, self.parent, self.params = next(Sequence.ids), request_id, index, parent, params
-    self.prompt_token_ids, self.token_ids = prompt_ids, list(prompt_ids)   # the prompt list is shared by siblings, not copied
+    # the prompt list is shared by siblings, not copied
+    self.prompt_token_ids, self.token_ids, self.num_prompt_tokens = prompt_ids, list(prompt_ids), len(prompt_ids)
     self.num_computed_tokens, self.seed, self.block_table = 0, seed, []   # block_table: its KV blocks, in order
     self.status, self.finish_reason = Status.WAITING, None
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
@@ -80,5 +81,3 @@ class Sequence:
     self.matcher = None                     # llguidance's state of its grammar (structured outputs)
     self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)
-  @property
-  def num_prompt_tokens(self): return len(self.prompt_token_ids)
