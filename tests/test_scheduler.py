@@ -1,8 +1,11 @@
-"""Scheduler rules on their own (no model): decodes first, prompts chunked to the token budget, preemption of the newest sequence."""
+"""Scheduler rules on their own (no model): decodes first, prompts chunked to the token budget, preemption of the newest sequence, and
+async scheduling's bookkeeping around a step whose tokens are still on the GPU."""
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.config import Config
 from tinyvllm.scheduler import Scheduler
 from tinyvllm.sequence import Sequence, SamplingParams, Status
+from tinyvllm.tokenizer import Tokenizer, IncrementalDetokenizer
+from tinyvllm.config import BUNDLED_MODEL
 
 def engine_step(sch, batch):   # what the engine does with a batch: compute the tokens, sample one for sequences whose prompt is done
   for seq, n in batch:
@@ -48,3 +51,26 @@ def test_forked_siblings_wait_for_the_parent_prompt_then_share_its_blocks():
   batch = sch.schedule()
   assert [(s.index, n) for s, n in batch] == [(0, 1), (1, 2)] and child.block_table[:2] == parent.block_table[:2]
   assert bm.ref[parent.block_table[0]] == 2
+
+def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
+  """advance() runs right after a launch: each sampling sequence holds a placeholder, so the next step schedules its decode at once.
+  receive() puts the real token in before that step's launch reads it. A sequence the late token stops has run once more for nothing:
+  advance() skips it and its blocks are already back."""
+  bm, tokenizer = BlockManager(16, 4), Tokenizer(BUNDLED_MODEL)
+  sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4, max_model_len=64), bm, set())
+  a, b = Sequence("a", [1] * 6, SamplingParams(max_tokens=1)), Sequence("b", [1] * 3, SamplingParams(max_tokens=5))
+  for seq in (a, b): seq.detok = IncrementalDetokenizer(tokenizer, seq.token_ids)
+  sch.waiting.extend([a, b])
+  first = sch.schedule()
+  sch.advance(first)                                   # launched: the prompts count as computed, their tokens are not known yet
+  assert a.token_ids == [1] * 6 + [-1] and (a.num_computed_tokens, b.num_computed_tokens) == (6, 3)
+  second = sch.schedule()                              # the decodes of the unknown tokens, scheduled before they arrive
+  assert [(s.request_id, n) for s, n in second] == [("a", 1), ("b", 1)]
+  sch.receive([a, b], [300, 301])                      # step one's tokens, before step two's launch reads them
+  assert a.token_ids[-1] == 300 and b.token_ids == [1, 1, 1, 301]
+  outputs = sch.postprocess([a, b], [300, 301])        # while step two runs: a has its one token
+  assert [(seq.request_id, out.token_ids, out.finish_reason) for seq, out in outputs] == [("a", [300], "length"), ("b", [301], None)]
+  assert a.status == Status.FINISHED and bm.num_free == 16 - 1
+  sch.advance(second)                                  # a ran for nothing: skipped; b holds a placeholder again
+  assert a.num_computed_tokens == 0 and b.num_computed_tokens == 4 and b.token_ids[-1] == -1
+  assert [(s.request_id, n) for s, n in sch.schedule()] == [("b", 1)] and bm.num_free == 16 - 2

@@ -21,8 +21,7 @@ def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, K:UOp, V:UOp) -> UOp:
 
 def kv_write(k_pool:Tensor, v_pool:Tensor, slots:Tensor, k:Tensor, v:Tensor) -> tuple[Tensor, Tensor]:
   """Write k, v (N, KVH, D) into the pools at slots (N,) int32 in place; -1 = padding row. Returns the pools after the write."""
-  kp, vp, *_ = k_pool.custom_kernel(v_pool, slots, k, v, fxn=_kv_write_kernel)
-  return kp, vp
+  return tuple(k_pool.custom_kernel(v_pool, slots, k, v, fxn=_kv_write_kernel)[:2])
 
 def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UOp, block_size:int, has_local:bool) -> UOp:
   # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and one thread per

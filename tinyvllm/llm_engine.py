@@ -16,8 +16,8 @@ class EngineError(RuntimeError):
 class LLMEngine:
   """The engine loop of vLLM: requests in, one scheduler step + one model step per iteration, text deltas out."""
   def __init__(self, config:Config):
-    self.device = select_device(config.device)
-    self.rng = random.Random(config.seed)   # seeds requests that bring none; the process's global `random` stays the user's
+    # the rng seeds requests that bring none; the process's global `random` stays the user's
+    self.device, self.rng = select_device(config.device), random.Random(config.seed)
     from tinyvllm.model_runner import ModelRunner   # imported after select_device, so no tensor is made on the wrong device
     model_dir = model_path(config.model)
     self.tokenizer, self.runner = Tokenizer(model_dir), ModelRunner(config, model_dir)

@@ -59,8 +59,7 @@ class ModelRunner:
   def default_kv_gb(self, enough:float) -> float:
     if self.device != "CUDA": return min(enough, 4.0)
     import ctypes, tinygrad.runtime.autogen.cuda as cuda   # the one device where tinygrad can tell us free memory: take 90% of it
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t()))   # free and total bytes
     return 0.9 * free.value / 1e9
 
   def forward(self, step_buffer:Tensor, num_tokens:int, num_rows:int) -> Tensor:
@@ -121,8 +120,7 @@ class ModelRunner:
       if (jit := self.graphs.get(key := (graph, num_tokens))) is None: jit = self.graphs[key] = TinyJit(fxn, prune=True); jit.cnt = 1
       return fxn(*args) if self.config.enforce_eager else jit(*args)
     def launch() -> Tensor:
-      new_tokens = (s.token_ids[s.num_computed_tokens:s.num_computed_tokens + k] for s, k in batch)
-      rows["tokens"][:total] = np.fromiter(itertools.chain(*new_tokens), int, total)
+      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[s.num_computed_tokens:][:k] for s, k in batch)), int, total)
       logits = call(("model",), self.forward, buffer := Tensor(step_buffer))
       return call(("sampler", filtered), self.sample, buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
     return launch, sampled

@@ -7,12 +7,12 @@ from tinyvllm.block_manager import BlockManager
 class Scheduler:
   """Continuous batching: every step fills a token budget, running sequences first (decodes and unfinished prompt chunks), then new
   prompts in arrival order, chunked so a long prompt never stalls the decodes. When blocks run out, the most recently admitted sequence is
-  preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap). After the step, `postprocess`
-  does all of its bookkeeping, as nano-vllm's does."""
+  preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap). A step's bookkeeping is split
+  around the GPU, as in vLLM's async scheduling: `advance` right after its launch, `receive` when its tokens arrive (just before the next
+  launch), and `postprocess` (nano-vllm's) while the next step runs."""
   def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
     self.config, self.bm, self.eos_ids = config, block_manager, eos_ids
-    self.waiting: deque[Sequence] = deque()
-    self.running: list[Sequence] = []        # admission order: the last one is the first to be preempted
+    self.waiting, self.running = deque(), []   # running in admission order: the last one is the first to be preempted
     self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
 
   def schedule(self) -> list[tuple[Sequence, int]]:
@@ -36,8 +36,7 @@ class Scheduler:
   def advance(self, batch:list[tuple[Sequence, int]]):
     """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples holds a
     placeholder for the token the GPU is drawing, so the next step can be scheduled now (vLLM's async scheduling)."""
-    for seq, num_tokens in batch:
-      if seq.status != Status.RUNNING: continue   # stopped by the previous step's token: this step ran it for nothing
+    for seq, num_tokens in ((seq, k) for seq, k in batch if seq.status == Status.RUNNING):   # not one the previous step's token stopped
       seq.num_computed_tokens += num_tokens; self.bm.commit(seq)   # full blocks are registered for prefix caching
       if seq.num_computed_tokens == len(seq): seq.token_ids.append(-1)   # a mid-prompt chunk samples nothing
 
@@ -47,17 +46,15 @@ class Scheduler:
       if seq.status != Status.FINISHED: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
 
   def postprocess(self, seqs:list[Sequence], tokens:list[int]) -> list[tuple[Sequence, CompletionOutput]]:
-    """The step's bookkeeping, done while the GPU runs the next step: counts, detokenizing and stop checks."""
-    outputs = []
-    for seq, token in zip(seqs, tokens):
-      if seq.status == Status.FINISHED: continue   # stopped by the step before, or aborted while its step ran
-      if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
-      self.num_generation_tokens += 1
-      outputs.append((seq, self.check_stop(seq, token)))
-    return outputs
+    """The step's bookkeeping, done while the GPU runs the next step: each sampled token is counted, detokenized and checked against the
+    stop conditions, and finished sequences give their blocks back at once. Sequences that the step before stopped (the scheduler ran
+    them once more before it knew) or that were aborted while the step ran are skipped."""
+    return [(seq, self.check_stop(seq, token)) for seq, token in zip(seqs, tokens) if seq.status != Status.FINISHED]
 
   def check_stop(self, seq:Sequence, token:int) -> CompletionOutput:
-    """Detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
+    """Count, detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
+    if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
+    self.num_generation_tokens += 1
     params, searched = seq.params, len(seq.held_text)
     seq.held_text += seq.detok.add([token])   # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
     reason = stop_reason = None

@@ -1,4 +1,4 @@
-import enum, itertools, math, time
+import enum, math, time
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256   # bounds each token's stop search, so one request's stop lists can't stall the step
@@ -69,9 +69,8 @@ class RequestOutput:
 
 class Sequence:
   """One generated continuation: its tokens, how many of them already sit in the KV cache, and its block table."""
-  ids = itertools.count()
   def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, index:int=0, parent:"Sequence|None"=None, seed:int=0):
-    self.seq_id, self.request_id, self.index, self.parent, self.params = next(Sequence.ids), request_id, index, parent, params
+    self.request_id, self.index, self.parent, self.params = request_id, index, parent, params
     # the prompt list is shared by siblings, not copied
     self.prompt_token_ids, self.token_ids, self.num_prompt_tokens = prompt_ids, list(prompt_ids), len(prompt_ids)
     self.num_computed_tokens, self.seed, self.block_table = 0, seed, []   # block_table: its KV blocks, in order
