@@ -8,6 +8,7 @@ search results of the old one (small, and slow to search again), starts each ben
 writes the result gzipped. --without-stored leaves out the stored schedules and programs, for when they do not fit.
 
   python scripts/build_cache.py --device CUDA          # the Llama-3.2-1B engines of BENCHMARKS.md's throughput and latency commands
+  python scripts/build_cache.py --device CUDA --config llama-3.1-8b --old cache.db.gz --extend --without-stored   # add the 8B engines
   python scripts/build_cache.py --device CPU --config "" --engine "--max-num-seqs 8 --max-num-batched-tokens 64" --out /tmp/cpu.db.gz
 """
 import argparse, gzip, os, shutil, sqlite3, subprocess, sys, tempfile
@@ -29,13 +30,15 @@ def main():
   p.add_argument("--out", default=SHIPPED)
   p.add_argument("--engine", action="append", help=f"bench.py's engine flags, once per engine to start (default: {ENGINES})")
   p.add_argument("--without-stored", action="store_true", help="drop the tinyvllm_* tables (stored schedules and programs)")
+  p.add_argument("--extend", action="store_true", help="keep all of --old (compiled kernels too) and add these engines' kernels to it")
   args = p.parse_args()
   work = tempfile.mkdtemp(prefix="tinyvllm-cache-")
   old, new = os.path.join(work, "old.db"), os.path.join(work, "cache.db")
   with (gzip.open if args.old.endswith(".gz") else open)(args.old, "rb") as src, open(old, "wb") as dst: shutil.copyfileobj(src, dst)
   db = sqlite3.connect(new)
   db.execute("attach database ? as old", (old,))
-  for (table, sql) in db.execute("select name, sql from old.sqlite_master where type='table' and name like 'beam_search%'").fetchall():
+  kept = "name not like 'tinyvllm%'" if args.extend else "name like 'beam_search%'"
+  for (table, sql) in db.execute(f"select name, sql from old.sqlite_master where type='table' and {kept}").fetchall():
     db.execute(sql); db.execute(f"insert into '{table}' select * from old.'{table}'")
   db.commit(); db.execute("detach database old"); db.close()
   tiny = "--num-requests 1 --min-input 8 --max-input 16 --min-output 2 --max-output 4"

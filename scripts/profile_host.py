@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""Host-side (Python) time per engine step at a large decode batch: the time the GPU would sit idle between two steps.
+"""The GPU's idle share of an engine step at a large decode batch, and the host functions' time per step.
 
-  python scripts/profile_host.py                  # bundled model on the default device; device time = the TinyJit call + the .tolist() sync
-  python scripts/profile_host.py --stub           # no device work at all: the step graph returns random tokens, only host Python is left
-Prints ms per step (whole step, device part, host part) for --seqs sequences decoding together, and the main host functions' share."""
+  python scripts/profile_host.py --config llama-3.2-1b --device CUDA --kv-cache-memory 40   # idle share on a GPU
+  python scripts/profile_host.py --stub                                                     # host Python only (the step graphs stubbed)
+
+--seqs sequences decode together (random 100-300 token prompts). The engine steps --steps times; then the step graph of the same batch
+is launched --steps times back to back with one wait at the end, so the GPU never waits for the host: that is the step's device time.
+idle share = 1 - device time / engine step time. Host functions are timed inside the engine steps (medians, ms per step); with async
+scheduling most of them run while the GPU works, so they no longer add up to the idle time. Works on the engine before async scheduling
+too (its ModelRunner.run), for before/after runs in one lease: the device time then comes from the after run."""
 import argparse, collections, os, statistics, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 from tinygrad import Tensor
 from tinygrad.engine.jit import _TinyJit
-from tinyvllm import LLM, SamplingParams, llm_engine, scheduler, model_runner, tokenizer, block_manager   # noqa: F401
+from scripts.bench import model_folder
+from tinyvllm import LLM, SamplingParams, scheduler, model_runner, tokenizer, block_manager
 
 def timed(f, key, acc):
   def w(*a, **k):
@@ -20,6 +26,7 @@ def timed(f, key, acc):
 
 if __name__ == "__main__":
   p = argparse.ArgumentParser()
+  p.add_argument("--config"); p.add_argument("--model"); p.add_argument("--device"); p.add_argument("--kv-cache-memory", type=float)
   p.add_argument("--seqs", type=int, default=256); p.add_argument("--steps", type=int, default=30); p.add_argument("--stub", action="store_true")
   a = p.parse_args()
   acc, rng = collections.defaultdict(float), np.random.default_rng(0)
@@ -28,19 +35,33 @@ if __name__ == "__main__":
       def __init__(self, R): self.R = R
       def tolist(self): return rng.integers(3, 512, self.R).tolist()
     _TinyJit.__call__ = lambda self, *args: Fake(self.fxn.keywords["num_rows"])
-  _TinyJit.__call__, Tensor.tolist = timed(_TinyJit.__call__, "device", acc), timed(Tensor.tolist, "device", acc)
-  for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, "run"), (scheduler.Scheduler, "check_stop"),
+  Tensor.tolist = timed(Tensor.tolist, "wait for the GPU (tolist)", acc)
+  runner_fn = "prepare" if hasattr(model_runner.ModelRunner, "prepare") else "run"
+  for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, runner_fn), (scheduler.Scheduler, "check_stop"),
                     (tokenizer.IncrementalDetokenizer, "add"), (block_manager.BlockManager, "commit")]:
     setattr(cls, name, timed(getattr(cls, name), f"{cls.__name__}.{name}", acc))
-  eng = LLM(max_num_seqs=a.seqs, max_num_batched_tokens=2048).engine
+  path, load_format = model_folder(a)
+  llm = LLM(path, device=a.device, load_format=load_format, max_num_seqs=a.seqs, max_num_batched_tokens=2048, kv_cache_memory=a.kv_cache_memory)
+  eng = llm.engine
+  vocab = min(eng.runner.hf_config["vocab_size"], 32000)
   for _ in range(a.seqs):
-    eng.add_request(rng.integers(3, 512, int(rng.integers(100, 300))).tolist(), SamplingParams(max_tokens=10**6, ignore_eos=True, temperature=0.6))
+    eng.add_request(rng.integers(3, vocab, int(rng.integers(100, 300))).tolist(), SamplingParams(max_tokens=10**6, ignore_eos=True, temperature=0.6))
   while eng.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in eng.scheduler.running): eng.step()
+  for _ in range(3): eng.step()
   steps = []
   for _ in range(a.steps):
     acc.clear(); t = time.perf_counter(); eng.step(); steps.append((time.perf_counter() - t, dict(acc)))
-  med = lambda key: statistics.median(s[1].get(key, 0.0) for s in steps) * 1e3
-  host = sorted((t - s.get("device", 0.0)) * 1e3 for t, s in steps)
-  print(f"{a.seqs} decoding sequences, {a.steps} steps{' (device stubbed)' if a.stub else ''}: step median {statistics.median(t for t, _ in steps)*1e3:.2f} ms,"
-        f" device {med('device'):.2f} ms, host min {host[0]:.2f} / median {statistics.median(host):.2f} ms")
-  for key in sorted(k for k in acc if k != "device"): print(f"  {key:34s} median {med(key):.3f} ms/step")   # ModelRunner.run includes the device
+  step_ms = statistics.median(t for t, _ in steps) * 1e3
+  print(f"{a.seqs} decoding sequences, {a.steps} steps{' (device stubbed)' if a.stub else ''}, {runner_fn}(): engine step median {step_ms:.2f} ms")
+  for key in sorted({k for _, s in steps for k in s}):
+    print(f"  {key:40s} median {statistics.median(s.get(key, 0.0) for _, s in steps) * 1e3:.3f} ms/step")
+  if runner_fn == "prepare" and not a.stub:
+    batch = eng.scheduler.schedule()   # one more decode step of the same sequences, launched back to back
+    launch, _ = eng.runner.prepare(batch)
+    launch().tolist()
+    t = time.perf_counter()
+    for _ in range(a.steps): out = launch()
+    out.tolist()
+    device_ms = (time.perf_counter() - t) / a.steps * 1e3
+    print(f"device time of the step (back to back): {device_ms:.2f} ms; GPU idle share of an engine step: {1 - device_ms / step_ms:.1%}")
+  for rid in list(eng.requests): eng.abort(rid)
