@@ -81,7 +81,7 @@ class ModelRunner:
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
     return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
 
-  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered:bool=False) -> tuple[typing.Callable[[], Tensor], list[Sequence]]:
+  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered:bool=False) -> tuple[typing.Callable, list[Sequence]]:
     """Packs the step that computes k tokens of each (seq, k). Returns its launch, which gives (on the GPU, not waited for) one token
     for each sequence whose last token is computed, and those sequences, in batch order. The launch reads the input tokens last: with
     async scheduling, the previous step's samples are among them, and they arrive only just before."""
