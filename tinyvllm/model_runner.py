@@ -120,7 +120,7 @@ class ModelRunner:
       if (jit := self.graphs.get(key := (graph, num_tokens))) is None: jit = self.graphs[key] = TinyJit(fxn, prune=True); jit.cnt = 1
       return fxn(*args) if self.config.enforce_eager else jit(*args)
     def launch() -> Tensor:
-      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[s.num_computed_tokens:][:k] for s, k in batch)), int, total)
+      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int, total)
       logits = call(("model",), self.forward, buffer := Tensor(step_buffer))
       return call(("sampler", filtered), self.sample, buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
     return launch, sampled
