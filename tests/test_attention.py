@@ -7,7 +7,7 @@ from tinygrad.renderer import Renderer
 from tinygrad.renderer.cstyle import CUDARenderer, MetalRenderer, HIPRenderer
 from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render
 from tinyvllm import attention
-from tinyvllm.attention import kv_write, paged_attention, _kv_write_kernel, _paged_attention_kernel
+from tinyvllm.attention import words, kv_write, paged_attention, _kv_write_kernel, _paged_attention_kernel
 
 BS, NB, S, MAXB, N, KVH = 4, 16, 4, 3, 16, 2   # block size, pool blocks, sequences, blocks/seq (T=12), query rows per step, kv heads
 TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3}
@@ -48,7 +48,7 @@ def test_paged_attention(mode, G, D, dt, monkeypatch):
   dense_max, rng = MODES[mode], np.random.default_rng(D + G)
   monkeypatch.setattr(attention, "DENSE_MIN", 0); monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
-  kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
+  kpool, vpool = words(Tensor(kp)).contiguous().realize(), words(Tensor(vp)).contiguous().realize()   # 16-bit pools hold words
   step = TinyJit(lambda q, k, v, bt, ts, pos, cached: paged_attention(q, k, v, kpool, vpool, bt, ts, pos, cached, BS).realize())
   for _ in range(4):   # eager, capture, 2 replays; new tables / lengths / row mix every call
     bt, ts, cl, cached, n_real = make_step(rng)
@@ -65,7 +65,7 @@ def test_kv_write_then_attention(mode, dt, monkeypatch):
   dense_max, D, rng = MODES[mode], 8, np.random.default_rng(0)
   monkeypatch.setattr(attention, "DENSE_MIN", 0); monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
-  kpool, vpool = Tensor(kp).realize(), Tensor(vp).realize()
+  kpool, vpool = words(Tensor(kp)).contiguous().realize(), words(Tensor(vp)).contiguous().realize()
   @TinyJit
   def step(slots, k, v, q, bt, ts, pos, cached):
     kp2, vp2 = kv_write(kpool, vpool, slots, k, v)
@@ -79,7 +79,7 @@ def test_kv_write_then_attention(mode, dt, monkeypatch):
     q = rng.standard_normal((N, KVH*2, D)).astype(NP[dt])
     out = step(Tensor(slots), Tensor(k), Tensor(v), Tensor(q), Tensor(bt), Tensor(ts), Tensor(cl - 1), Tensor(cached)).numpy()
     kp[slots[real]], vp[slots[real]] = k[real], v[real]   # untouched slots keep their old values
-    np.testing.assert_array_equal(kpool.numpy(), kp); np.testing.assert_array_equal(vpool.numpy(), vp)
+    np.testing.assert_array_equal(kpool.bitcast(dt).numpy(), kp); np.testing.assert_array_equal(vpool.bitcast(dt).numpy(), vp)
     np.testing.assert_allclose(out[:n_real], ref_attention(q, kp, vp, bt, ts, cl)[:n_real], atol=TOL[dt], rtol=0)
 
 def test_kv_write_padding_only_and_out_of_pool():
@@ -101,7 +101,7 @@ RENDERERS = {"CUDA": (CUDARenderer, Target("CUDA", arch="sm_90"), "__global__"),
 @pytest.mark.parametrize("name", ["kv_write", "paged_attention"])
 def test_render(backend, name):
   cls, target, marker = RENDERERS[backend]
-  ren, h, pool = make_renderer(cls, target), dtypes.half, ((NB*BS, KVH, 64), dtypes.half)
+  ren, h, pool = make_renderer(cls, target), dtypes.half, ((NB*BS, KVH, 32), dtypes.uint32)   # a 16-bit pool holds words
   if name == "kv_write": fxn, args = _kv_write_kernel, [pool, pool, ((N,), dtypes.int32), ((N, KVH, 64), h), ((N, KVH, 64), h)]
   else:
     fxn = functools.partial(_paged_attention_kernel, block_size=BS, has_local=True)

@@ -13,21 +13,26 @@ DENSE_MIN, DENSE_MAX = 512, 2048   # step sizes whose in-step attention is a den
 
 def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, K:UOp, V:UOp) -> UOp:
   # vLLM's reshape_and_cache: pool[slots[n]] = kv[n] for both pools in one launch; O(N) work, slot -1 (padding row) is skipped
-  n, h, d = UOp.range(K.shape[0], 0), UOp.range(K.shape[1], 1), UOp.range(K.shape[2], 2)
-  s = SL[n].cast(dtypes.weakint)
-  s = s.valid((s >= 0) & (s < KP.shape[0]))   # out-of-pool slots are skipped too: the bound also lets tinygrad drop index wrapping
-  return UOp.group(KP[s, h, d].store(K[n, h, d].cast(KP.dtype)), VP[s, h, d].store(V[n, h, d].cast(VP.dtype))).end(n, h, d) \
-    .sink(arg=KernelInfo(name="kv_write"))
+  n, h, w = UOp.range(K.shape[0], 0), UOp.range(K.shape[1], 1), UOp.range(KP.shape[2], 2)
+  # out-of-pool slots are skipped too: the bound also lets tinygrad drop index wrapping
+  s = (s := SL[n].cast(dtypes.weakint)).valid((s >= 0) & (s < KP.shape[0]))
+  bits = lambda X, i: X[n, h, i].bitcast(dtypes.uint16).cast(dtypes.uint32)
+  word = lambda X: X[n, h, w].cast(KP.dtype) if KP.shape[2] == X.shape[2] else bits(X, 2*w) | bits(X, 2*w + 1) << 16   # see words
+  return UOp.group(KP[s, h, w].store(word(K)), VP[s, h, w].store(word(V))).end(n, h, w).sink(arg=KernelInfo(name="kv_write"))
+
+# 16-bit pools hold 32-bit words of two elements each, as tinygrad widens uint loads to 16 bytes and leaves bf16 ones scalar
+words = lambda x: x.bitcast(dtypes.uint32) if x.dtype.itemsize == 2 else x
 
 def kv_write(k_pool:Tensor, v_pool:Tensor, slots:Tensor, k:Tensor, v:Tensor) -> tuple[Tensor, Tensor]:
-  """Write k, v (N, KVH, D) into the pools at slots (N,) int32 in place; -1 = padding row. Returns the pools after the write."""
+  """Write k, v (N, KVH, D) into the pools (words(...) of (num_slots, KVH, D)) at slots (N,) int32 in place; -1 = padding row.
+  Returns the pools after the write."""
   return tuple(k_pool.custom_kernel(v_pool, slots, k, v, fxn=_kv_write_kernel)[:2])
 
 def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UOp, block_size:int, has_local:bool) -> UOp:
   # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and one thread per
   # (token n, head h, chunk c) walks its chunk once with an online softmax; q.k is computed once per (n, h, t) and the D-wide output
   # accumulator is an UPCAST register array. The partial (m, l, acc) of the chunks are merged afterwards with plain tinygrad ops.
-  (N, H, C, _), (NS, KVH, D), (S, MAXB) = OUT.shape, KP.shape, BT.shape   # OUT[..., :D] = acc, OUT[..., D] = m, OUT[..., D+1] = l
+  (N, H, C, _), (NS, KVH, W), (S, MAXB), D = OUT.shape, KP.shape, BT.shape, Q.shape[2]   # OUT[..., :D] = acc, [D] = m, [D+1] = l
   G, f32 = H // KVH, dtypes.float
   # GPU: a workgroup per (token, chunk), a thread per head (GQA heads share K/V rows in cache). CPU: one GLOBAL axis, no LOCAL axes.
   n, c = UOp.range(N, 0, AxisType.GLOBAL), UOp.range(C, 1, AxisType.GLOBAL if has_local else AxisType.LOOP)
@@ -41,7 +46,8 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   valid = c * chunk + t < ctx
   pos = (c * chunk + t).minimum(ctx - 1).maximum(0)   # L = 0 (nothing cached) runs no iterations
   slot = BT[seq, pos // block_size].maximum(0).minimum(NS//block_size - 1).cast(dtypes.weakint) * block_size + pos % block_size  # page table
-  score = (Q[n, h, k].cast(f32) * KP[slot, h // G, k].cast(f32)).reduce(k, arg=Ops.ADD) * (1 / math.sqrt(D))
+  row = lambda P, d: (P[slot, h//G, d] if W == D else (P[slot, h//G, d//2] >> d%2*16).cast(dtypes.uint16).bitcast(Q.dtype)).cast(f32)   # see words
+  score = (Q[n, h, k].cast(f32) * row(KP, k)).reduce(k, arg=Ops.ADD) * (1 / math.sqrt(D))
   # online-softmax state in registers: running max m, running denominator l, unnormalized output acc[D]; (re)initialized per (n, c, h)
   m = UOp.placeholder((1,), f32, 0, addrspace=AddrSpace.REG).after(n, c, h)[0].set(-math.inf)
   l = UOp.placeholder((1,), f32, 1, addrspace=AddrSpace.REG).after(n, c, h)[0].set(0.0)
@@ -50,7 +56,7 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   m_new = valid.where(pm.maximum(score), pm)
   alpha, p = valid.where((pm - m_new).exp(), 1.0), valid.where((score - m_new).exp(), 0.0)   # rescale of the old state, weight of t
   upd = UOp.group(m[0].store(m_new), l[0].store(pl * alpha + p),
-                  acc[d2].store(acc.after(t)[d2] * alpha + p * VP[slot, h // G, d2].cast(f32)).end(d2)).end(t)
+                  acc[d2].store(acc.after(t)[d2] * alpha + p * row(VP, d2)).end(d2)).end(t)
   out = UOp.group(OUT[n, h, c, d].store(acc.after(upd)[d]).end(d), OUT[n, h, c, D].store(m.after(upd)[0]), OUT[n, h, c, D+1].store(l.after(upd)[0]))
   # tag=1 marks the AST as already optimized: tinygrad's range optimizer leaves our hand-placed axes and register state alone, and our
   # (empty) estimates are kept, as the data-dependent trip count can't be counted statically (the stats code would crash on it)

@@ -3,7 +3,7 @@ from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import tqdm, diskcache_get, diskcache_put
 from tinyvllm.config import Config
 from tinyvllm.model import read_config, load_weights, Transformer
-from tinyvllm.attention import kv_write, paged_attention
+from tinyvllm.attention import words, kv_write, paged_attention
 from tinyvllm.sampler import sample
 from tinyvllm.sequence import Sequence
 
@@ -38,7 +38,7 @@ class ModelRunner:
     self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)   # one sequence must always fit, or preemption can't help
     log.info("KV cache: %d tokens in %d blocks, %.2f GB", self.num_blocks * block_size, self.num_blocks, self.num_blocks * bytes_per_block / 1e9)
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
-    self.kv = [[Tensor.zeros(*pool_shape, dtype=self.dtype).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
+    self.kv = [[words(Tensor.zeros(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     self.max_blocks = -(-self.max_model_len // block_size)
     top = max(config.max_num_batched_tokens, config.max_num_seqs)
     self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
@@ -67,9 +67,8 @@ class ModelRunner:
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     def attention(layer:int, q:Tensor, k:Tensor, v:Tensor) -> Tensor:
-      k_pool, v_pool = kv_write(*self.kv[layer], inputs["slots"], k, v)
-      return paged_attention(q, k, v, k_pool, v_pool, block_tables, inputs["token_seq"], inputs["positions"], inputs["cached_lens"],
-                             self.config.block_size)
+      return paged_attention(q, k, v, *kv_write(*self.kv[layer], inputs["slots"], k, v), block_tables, inputs["token_seq"],
+                             inputs["positions"], inputs["cached_lens"], self.config.block_size)
     hidden = self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]]   # only rows that sample need the LM head
     return self.model.logits(hidden)
 
