@@ -19,8 +19,7 @@ class LLMEngine:
     # the rng seeds requests that bring none; the process's global `random` stays the user's
     self.device, self.rng = select_device(config.device), random.Random(config.seed)
     from tinyvllm.model_runner import ModelRunner   # imported after select_device, so no tensor is made on the wrong device
-    model_dir = model_path(config.model)
-    self.tokenizer, self.runner = Tokenizer(model_dir), ModelRunner(config, model_dir)
+    self.tokenizer, self.runner = Tokenizer(model_dir := model_path(config.model)), ModelRunner(config, model_dir)
     self.model_name = os.path.basename(model_dir.rstrip("/")) if config.model is None or os.path.isdir(config.model) else config.model
     # the resolved config (the context length the model and the KV pool allow) flows on; the caller's Config is left as it was
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)

@@ -42,6 +42,9 @@ class ModelRunner:
     self.max_blocks = -(-self.max_model_len // block_size)
     top = max(config.max_num_batched_tokens, config.max_num_seqs)
     self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
+    size = lambda bucket: max(where.stop for where in step_layout(bucket, min(bucket, config.max_num_seqs), self.max_blocks).values())
+    # each token bucket's step inputs on the device, overwritten by one plain copy per launch (see prepare)
+    self.step_buffers = {bucket: Tensor.zeros(size(bucket), dtype=dtypes.int32).contiguous().realize() for bucket in self.buckets}
     # TinyJit graphs by (graph, token bucket), all-ones grammar masks by row count, and llguidance's thread pool
     self.graphs, self.no_grammar, self.grammar_pool = {}, {}, llguidance.LLExecutor()
 
@@ -95,7 +98,7 @@ class ModelRunner:
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
     num_rows = min(num_tokens, self.config.max_num_seqs)
     layout = step_layout(num_tokens, num_rows, self.max_blocks)
-    step_buffer = np.zeros(max(where.stop for where in layout.values()), np.int32)
+    step_buffer = np.zeros(self.step_buffers[num_tokens].shape[0], np.int32)
     rows = {name: step_buffer[where] for name, where in layout.items()}   # views: writing a row writes the buffer
     block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
     used_blocks = np.arange(self.max_blocks) < num_blocks[:, None]
@@ -106,10 +109,9 @@ class ModelRunner:
     rows["slots"][:] = -1   # padding tokens write nowhere
     rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
     sampling = num_cached + num_new == length   # sequences whose last token is computed sample one
-    num_sampled = int(sampling.sum())
     per_sample = {"logits_idx": np.cumsum(num_new) - 1, "seeds": seed, "out_positions": length, "temperatures": temperature,
                   "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p, "min_p": min_p}
-    for name, values in per_sample.items(): rows[name][:num_sampled] = values[sampling]
+    for name, values in per_sample.items(): rows[name][:sampling.sum()] = values[sampling]
     sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
     filtered = filtered or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 or seq.params.min_p > 0 for seq in sampled)
     def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
@@ -120,7 +122,10 @@ class ModelRunner:
       return fxn(*args) if self.config.enforce_eager else jit(*args)
     def launch() -> Tensor:
       rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int, total)
-      logits = call(("model",), self.forward, buffer := Tensor(step_buffer))
+      # one host-to-device copy into the bucket's input buffer: a Tensor made of the array would pass through tinygrad's scheduler,
+      # ~2 ms of Python on every launch (measured on CPU)
+      (device_buffer := (buffer := self.step_buffers[num_tokens]).uop.buffer).allocator._copyin(device_buffer._buf, memoryview(step_buffer).cast("B"))
+      logits = call(("model",), self.forward, buffer)
       return call(("sampler", filtered), self.sample, buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
     return launch, sampled
 

@@ -238,9 +238,8 @@ def main():
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   # the engine loads the model and captures its graphs before we listen, so the first request pays no JIT cost
   llm = AsyncLLM(Config(**{k: v for k, v in vars(args).items() if k in Config.__dataclass_fields__ and v is not None}))
-  app = build_app(llm, args.served_model_name, args.api_key)
   log.info("ready on http://%s:%d", args.host, args.port)
   with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled; the shutdown was clean, so exit 0
-    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=5)
+    uvicorn.run(build_app(llm, args.served_model_name, args.api_key), host=args.host, port=args.port, timeout_graceful_shutdown=5)
 
 if __name__ == "__main__": main()

@@ -51,8 +51,7 @@ class Tokenizer:
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
   def encode_chat(self, messages:list[dict]) -> list[int]:
-    text = self.apply_chat_template(messages)
-    return self.encode(text, add_special_tokens=not (self.bos_token and text.startswith(self.bos_token)))
+    return self.encode(text := self.apply_chat_template(messages), add_special_tokens=not (self.bos_token and text.startswith(self.bos_token)))
 
 class IncrementalDetokenizer:
   """vLLM's detokenizer: decode a short window of tokens with and without the new ones and emit the difference. Decoding in context keeps
