@@ -82,6 +82,26 @@ def test_kv_write_then_attention(mode, dt, monkeypatch):
     np.testing.assert_array_equal(kpool.bitcast(dt).numpy(), kp); np.testing.assert_array_equal(vpool.bitcast(dt).numpy(), vp)
     np.testing.assert_allclose(out[:n_real], ref_attention(q, kp, vp, bt, ts, cl)[:n_real], atol=TOL[dt], rtol=0)
 
+def test_bf16_pools_hold_packed_words():
+  # GPUs run bf16 but CI's clang 14 builds no bf16: tinygrad's PYTHON device emulates it, so kv_write's packing of two bf16 into each
+  # 32-bit word and the kernel's unpacking are checked against numpy on the same bf16-rounded values
+  rng, D, dt, T = np.random.default_rng(3), 8, dtypes.bfloat16, functools.partial(Tensor, device="PYTHON")
+  bf16 = lambda x: T(x).cast(dt)
+  rounded = lambda x: bf16(x).float().numpy()
+  kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(np.float32) for _ in range(2))
+  kpool, vpool = words(bf16(kp)).contiguous().realize(), words(bf16(vp)).contiguous().realize()
+  assert kpool.dtype == dtypes.uint32 and kpool.shape == (NB*BS, KVH, D // 2)
+  bt, ts, cl, cached, n_real = make_step(rng)
+  real = np.arange(N) < n_real
+  slots = np.where(real, bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS, -1).astype(np.int32)
+  k, v, q = (rng.standard_normal((N, h, D)).astype(np.float32) for h in (KVH, KVH, KVH*2))
+  pools = kv_write(kpool, vpool, T(slots), bf16(k), bf16(v))
+  out = paged_attention(bf16(q), bf16(k), bf16(v), *pools, T(bt), T(ts), T(cl - 1), T(cached), BS).float().numpy()
+  kp, vp = rounded(kp), rounded(vp)
+  kp[slots[real]], vp[slots[real]] = rounded(k)[real], rounded(v)[real]
+  np.testing.assert_array_equal(kpool.bitcast(dt).float().numpy(), kp); np.testing.assert_array_equal(vpool.bitcast(dt).float().numpy(), vp)
+  np.testing.assert_allclose(out[:n_real], ref_attention(rounded(q), kp, vp, bt, ts, cl)[:n_real], atol=2e-2, rtol=0)
+
 def test_kv_write_padding_only_and_out_of_pool():
   kpool, vpool = Tensor.zeros(8, 1, 4).contiguous().realize(), Tensor.zeros(8, 1, 4).contiguous().realize()
   kp, vp = kv_write(kpool, vpool, Tensor([-1, 8, 100, 3], dtype=dtypes.int32), Tensor.ones(4, 1, 4), Tensor.full((4, 1, 4), 2.0))
