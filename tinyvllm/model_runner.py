@@ -122,8 +122,8 @@ class ModelRunner:
       return fxn(*args) if self.config.enforce_eager else jit(*args)
     def launch() -> Tensor:
       rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int, total)
-      # one host-to-device copy into the bucket's input buffer: a Tensor made of the array would pass through tinygrad's scheduler,
-      # ~2 ms of Python on every launch (measured on CPU)
+      # one host-to-device copy into the bucket's input buffer: a Tensor made of the array would go through tinygrad's scheduler inside
+      # the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36; BENCHMARKS.md)
       (device_buffer := (buffer := self.step_buffers[num_tokens]).uop.buffer).allocator._copyin(device_buffer._buf, memoryview(step_buffer).cast("B"))
       logits = call(("model",), self.forward, buffer)
       return call(("sampler", filtered), self.sample, buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
