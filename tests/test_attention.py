@@ -119,9 +119,10 @@ RENDERERS = {"CUDA": (CUDARenderer, Target("CUDA", arch="sm_90"), "__global__"),
 
 @pytest.mark.parametrize("backend", list(RENDERERS))
 @pytest.mark.parametrize("name", ["kv_write", "paged_attention"])
-def test_render(backend, name):
+@pytest.mark.parametrize("h", [dtypes.half, dtypes.bfloat16])
+def test_render(backend, name, h):
   cls, target, marker = RENDERERS[backend]
-  ren, h, pool = make_renderer(cls, target), dtypes.half, ((NB*BS, KVH, 32), dtypes.uint32)   # a 16-bit pool holds words
+  ren, pool = make_renderer(cls, target), ((NB*BS, KVH, 32), dtypes.uint32)   # a 16-bit pool holds words
   if name == "kv_write": fxn, args = _kv_write_kernel, [pool, pool, ((N,), dtypes.int32), ((N, KVH, 64), h), ((N, KVH, 64), h)]
   else:
     fxn = functools.partial(_paged_attention_kernel, block_size=BS, has_local=True)
