@@ -111,8 +111,8 @@ class ModelRunner:
     sampling = num_cached + num_new == length   # sequences whose last token is computed sample one
     per_sample = {"logits_idx": np.cumsum(num_new) - 1, "seeds": seed, "out_positions": length, "temperatures": temperature,
                   "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p, "min_p": min_p}
-    for name, values in per_sample.items(): rows[name][:sampling.sum()] = values[sampling]
     sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
+    for name, values in per_sample.items(): rows[name][:len(sampled)] = values[sampling]
     filtered = filtered or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 or seq.params.min_p > 0 for seq in sampled)
     def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
       fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)
