@@ -90,12 +90,13 @@ if __name__ == "__main__":
   p.add_argument("--device"); p.add_argument("--quick", action="store_true"); p.add_argument("--beam", type=int, default=0)
   p.add_argument("--only", nargs="+", default=["attention", "mlp", "linear", "sampler"], choices=["attention", "mlp", "linear", "sampler"])
   p.add_argument("--linear-n", type=int, nargs="+", default=[256, 1024], help="token counts (rows) of the linear cases")
+  p.add_argument("--heads", type=int, nargs=4, help="attention: H KVH head_dim block_size (default 32 8 64 16, Llama-3.2-1B; 8B: 32 8 128 16)")
   a = p.parse_args()
   from tinyvllm.config import select_device
   dev = select_device(a.device)
   from tinygrad import dtypes
   dt = dtypes.float32 if dev.startswith("CPU") else dtypes.bfloat16
-  heads = (8, 2, 16, 4) if a.quick else (32, 8, 64, 16)   # H, KVH, head_dim, block_size
+  heads = a.heads or ((8, 2, 16, 4) if a.quick else (32, 8, 64, 16))   # H, KVH, head_dim, block_size
   cases = [("decode b4 ctx64", 4, 64, False), ("prefill 128", 1, 128, True)] if a.quick else \
     [("decode b1 ctx512", 1, 512, False), ("decode b256 ctx512", 256, 512, False), ("decode b256 ctx1024", 256, 1024, False), ("prefill 1024", 1, 1024, True), ("prefill 2048", 1, 2048, True)]
   if "attention" in a.only:

@@ -85,7 +85,7 @@ def test_kv_write_then_attention(mode, dt, monkeypatch):
 def test_bf16_pools_hold_packed_words():
   # GPUs run bf16 but CI's clang 14 builds no bf16: tinygrad's PYTHON device emulates it, so kv_write's packing of two bf16 into each
   # 32-bit word and the kernel's unpacking are checked against numpy on the same bf16-rounded values
-  rng, D, dt, T = np.random.default_rng(3), 8, dtypes.bfloat16, functools.partial(Tensor, device="PYTHON")
+  rng, D, dt, T = np.random.default_rng(3), 16, dtypes.bfloat16, functools.partial(Tensor, device="PYTHON")
   bf16 = lambda x: T(x).cast(dt)
   rounded = lambda x: bf16(x).float().numpy()
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(np.float32) for _ in range(2))

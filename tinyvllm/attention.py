@@ -29,38 +29,48 @@ def kv_write(k_pool:Tensor, v_pool:Tensor, slots:Tensor, k:Tensor, v:Tensor) -> 
   return tuple(k_pool.custom_kernel(v_pool, slots, k, v, fxn=_kv_write_kernel)[:2])
 
 def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UOp, block_size:int, has_local:bool) -> UOp:
-  # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and one thread per
-  # (token n, head h, chunk c) walks its chunk once with an online softmax; q.k is computed once per (n, h, t) and the D-wide output
-  # accumulator is an UPCAST register array. The partial (m, l, acc) of the chunks are merged afterwards with plain tinygrad ops.
+  # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and a thread group per
+  # (token n, KV head, chunk c) walks its chunk once with an online softmax for the KV head's G query heads. The partial (m, l, acc) of the
+  # chunks are merged afterwards with plain tinygrad ops.
   (N, H, C, _), (NS, KVH, W), (S, MAXB), D = OUT.shape, KP.shape, BT.shape, Q.shape[2]   # OUT[..., :D] = acc, [D] = m, [D+1] = l
-  G, f32 = H // KVH, dtypes.float
-  # GPU: a workgroup per (token, chunk), a thread per head (GQA heads share K/V rows in cache). CPU: one GLOBAL axis, no LOCAL axes.
+  G, f32, P = H // KVH, dtypes.float, 2
+  # GPU: a workgroup per (token, chunk), D/8 lanes per KV head, each owning 8 of the D dimensions for all G query heads of the KV head (vLLM's
+  # thread groups with GQA): a K/V load serves G heads, and the registers stay few. CPU: one GLOBAL axis, no LOCAL axes, one lane.
+  LANES, U = (D // 8, 8) if has_local else (1, D)
   n, c = UOp.range(N, 0, AxisType.GLOBAL), UOp.range(C, 1, AxisType.GLOBAL if has_local else AxisType.LOOP)
-  h = UOp.range(H, 2, AxisType.LOCAL if has_local else AxisType.LOOP)
-  k, d, d2 = UOp.range(D, 4, AxisType.UNROLL), UOp.range(D, 5, AxisType.UPCAST), UOp.range(D, 6, AxisType.UPCAST)
+  # the lane axis comes first so that it varies fastest across a warp: a KV head's lanes read one contiguous K/V row
+  e, kvh = (UOp.range(size, axis, AxisType.LOCAL if has_local else AxisType.LOOP) for size, axis in ((LANES, 2), (KVH, 3)))
+  k, g, d = UOp.range(U, 5, AxisType.UNROLL), UOp.range(G, 8, AxisType.UPCAST), UOp.range(U, 6, AxisType.UPCAST)
   # clamping the loaded ints proves every index in bounds, which keeps garbage inputs from reading out of the pool and lets tinygrad
   # drop its index wrapping (% on every load); L[n] = positions to read (the cached prefix in dense steps, positions[n]+1 otherwise), so
-  # the loop runs ceil(L[n] / C) times, a data-dependent trip count
+  # the loop runs ceil(L[n] / (C*P)) times, a data-dependent trip count
   seq, ctx = TS[n].maximum(0).minimum(S-1).cast(dtypes.weakint), L[n].maximum(0).minimum(MAXB*block_size).cast(dtypes.weakint)
-  t = UOp.range(chunk := (ctx + (C - 1)) // C, 3, AxisType.REDUCE)
-  valid = c * chunk + t < ctx
-  pos = (c * chunk + t).minimum(ctx - 1).maximum(0)   # L = 0 (nothing cached) runs no iterations
+  # each iteration reads P positions (q) at once, so that their K/V loads are in flight together (2 measured best on an H100, BENCHMARKS.md)
+  t, q = UOp.range(steps := (ctx + (C*P - 1)) // (C*P), 4, AxisType.REDUCE), UOp.range(P, 11, AxisType.UPCAST)
+  valid, pos = (first := (c * steps + t) * P) + q < ctx, (first + q).minimum(ctx - 1).maximum(0)   # L = 0 (nothing cached): no iterations
   slot = BT[seq, pos // block_size].maximum(0).minimum(NS//block_size - 1).cast(dtypes.weakint) * block_size + pos % block_size  # page table
-  row = lambda P, d: (P[slot, h//G, d] if W == D else (P[slot, h//G, d//2] >> d%2*16).cast(dtypes.uint16).bitcast(Q.dtype)).cast(f32)   # see words
-  score = (Q[n, h, k].cast(f32) * row(KP, k)).reduce(k, arg=Ops.ADD) * (1 / math.sqrt(D))
-  # online-softmax state in registers: running max m, running denominator l, unnormalized output acc[D]; (re)initialized per (n, c, h)
-  m = UOp.placeholder((1,), f32, 0, addrspace=AddrSpace.REG).after(n, c, h)[0].set(-math.inf)
-  l = UOp.placeholder((1,), f32, 1, addrspace=AddrSpace.REG).after(n, c, h)[0].set(0.0)
-  acc = UOp.placeholder((D,), f32, 2, addrspace=AddrSpace.REG).after(n, c, h)[d].set(0.0, end=d)
-  pm, pl = m.after(t)[0], l.after(t)[0]
-  m_new = valid.where(pm.maximum(score), pm)
-  alpha, p = valid.where((pm - m_new).exp(), 1.0), valid.where((score - m_new).exp(), 0.0)   # rescale of the old state, weight of t
-  upd = UOp.group(m[0].store(m_new), l[0].store(pl * alpha + p),
-                  acc[d2].store(acc.after(t)[d2] * alpha + p * row(VP, d2)).end(d2)).end(t)
-  out = UOp.group(OUT[n, h, c, d].store(acc.after(upd)[d]).end(d), OUT[n, h, c, D].store(m.after(upd)[0]), OUT[n, h, c, D+1].store(l.after(upd)[0]))
+  # a 16-bit pool holds words of two elements (see words)
+  row = lambda pool, d: (pool[slot, kvh, d] if W == D else (pool[slot, kvh, d//2] >> d%2*16).cast(dtypes.uint16).bitcast(Q.dtype)).cast(f32)
+  score = (Q[n, kvh*G + g, e*U + k].cast(f32) * row(KP, e*U + k)).reduce(k, arg=Ops.ADD)
+  if LANES > 1:   # the lanes' partial dot products meet in shared memory (tinygrad places the barriers around it)
+    shared, j = UOp.placeholder((KVH, LANES, G, P), f32, 20, addrspace=AddrSpace.LOCAL), UOp.range(LANES, 10, AxisType.REDUCE)
+    score = shared.after(shared[kvh, e, g, q].store(score))[kvh, j, g, q].reduce(j, arg=Ops.ADD)
+  score = valid.where(score * (1 / math.sqrt(D)), -math.inf)
+  # online-softmax state in registers, per head g: running max m, running denominator l, unnormalized output acc[g, U]; (re)initialized per
+  # (n, c, kvh, e). Slots start at 10: tinygrad numbers its own reduce accumulators from 0
+  state = lambda shape, slot, init, *r: UOp.placeholder(shape, f32, slot, addrspace=AddrSpace.REG).after(n, c, kvh, e)[r].set(init, end=r)
+  m, l, acc = state((G,), 10, -math.inf, g), state((G,), 11, 0.0, g), state((G, U), 12, 0.0, g, d)
+  pm, pl = m.after(t)[g], l.after(t)[g]
+  m_new = pm.maximum(score.reduce(q, arg=Ops.MAX))
+  # rescale of the old state (none while every position so far was past the end: then m_new is still -inf), weights of the positions
+  alpha, p = (first < ctx).where((pm - m_new).exp(), 1.0), valid.where((score - m_new).exp(), 0.0)
+  upd = UOp.group(m[g].store(m_new), l[g].store(pl * alpha + p.reduce(q, arg=Ops.ADD)),
+                  acc[g, d].store(acc.after(t)[g, d] * alpha + (p * row(VP, e*U + d)).reduce(q, arg=Ops.ADD)).end(d)).end(g, t)
+  out = UOp.group(OUT[n, kvh*G + g, c, e*U + d].store(acc.after(upd)[g, d]).end(d), OUT[n, kvh*G + g, c, D].store(m.after(upd)[g]),
+                  OUT[n, kvh*G + g, c, D+1].store(l.after(upd)[g])).end(g)   # every lane holds the same m and l
   # tag=1 marks the AST as already optimized: tinygrad's range optimizer leaves our hand-placed axes and register state alone, and our
   # (empty) estimates are kept, as the data-dependent trip count can't be counted statically (the stats code would crash on it)
-  return out.end(h, c, n).sink(arg=KernelInfo(name="paged_attention", opts_to_apply=(), estimates=Estimates()), tag=1)
+  return out.end(e, kvh, c, n).sink(arg=KernelInfo(name="paged_attention", opts_to_apply=(), estimates=Estimates()), tag=1)
 
 def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[Tensor, Tensor, Tensor]:
   """Softmax partials (m, l, acc) of each token over the step's own tokens of its sequence up to itself (causal), through batched matmuls that

@@ -96,13 +96,11 @@ class ModelRunner:
     temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T
     total = int(num_new.sum())
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
-    num_rows = min(num_tokens, self.config.max_num_seqs)
-    layout = step_layout(num_tokens, num_rows, self.max_blocks)
+    layout = step_layout(num_tokens, num_rows := min(num_tokens, self.config.max_num_seqs), self.max_blocks)
     step_buffer = np.zeros(self.step_buffers[num_tokens].shape[0], np.int32)
     rows = {name: step_buffer[where] for name, where in layout.items()}   # views: writing a row writes the buffer
     block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
-    used_blocks = np.arange(self.max_blocks) < num_blocks[:, None]
-    block_tables[:len(batch)][used_blocks] = np.fromiter(itertools.chain(*(s.block_table for s, _ in batch)), int)
+    block_tables[:len(batch)][np.arange(self.max_blocks) < num_blocks[:, None]] = list(itertools.chain(*(s.block_table for s, _ in batch)))
     seq_of_token = np.repeat(np.arange(len(batch)), num_new)
     positions = np.arange(total) - np.repeat(np.cumsum(num_new) - num_new, num_new) + num_cached[seq_of_token]
     rows["positions"][:total], rows["token_seq"][:total], rows["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
