@@ -9,7 +9,8 @@ tiny request), and writes the result gzipped. --without-stored leaves out the st
 
 On the H100 on 2026-11-23 the two Llama-3.2-1B engines gave 1.5 MB without the stored schedules and 27.7 MB with them (45.6 MB of
 pickles): too big to ship. The shipped file is the 1.5 MB one extended by the Llama-3.1-8B benchmark runs (throughput, and batch 1 with
-BEAM 2): 4.9 MB, 2,627 binaries, 119 BEAM results.
+BEAM 2). Rebuilt that way on 2026-11-24 for 6b453a5's attention kernels (the first command below with --without-stored, then the
+second): 2.2 MB, 1,310 binaries, 121 BEAM results.
 
   python scripts/build_cache.py --device CUDA          # the Llama-3.2-1B engines of BENCHMARKS.md's throughput and latency commands
   python scripts/build_cache.py --device CUDA --config llama-3.1-8b --old cache.db.gz --extend --without-stored   # add the 8B engines
