@@ -38,9 +38,13 @@ if __name__ == "__main__":
   Tensor.tolist = timed(Tensor.tolist, "wait for the GPU (tolist)", acc)
   runner_fn = "prepare" if hasattr(model_runner.ModelRunner, "prepare") else "run"
   for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, runner_fn), (scheduler.Scheduler, "check_stop"),
-                    (tokenizer.IncrementalDetokenizer, "add"), (block_manager.BlockManager, "commit"), (_TinyJit, "__call__"),
+                    (block_manager.BlockManager, "commit"), (_TinyJit, "__call__"),
                     *[(scheduler.Scheduler, name) for name in ("receive", "advance", "postprocess") if hasattr(scheduler.Scheduler, name)]]:
     setattr(cls, name, timed(getattr(cls, name), f"{cls.__name__}.{name}", acc))
+  if hasattr(tokenizer.Tokenizer, "detokenizer"):   # each sequence's detokenizer (tokenizers' DecodeStream), timed per token
+    detokenizer = tokenizer.Tokenizer.detokenizer
+    tokenizer.Tokenizer.detokenizer = lambda self, ids: timed(detokenizer(self, ids), "detokenize (DecodeStream.step)", acc)
+  else: tokenizer.IncrementalDetokenizer.add = timed(tokenizer.IncrementalDetokenizer.add, "IncrementalDetokenizer.add", acc)
   path, load_format = model_folder(a)
   llm = LLM(path, device=a.device, load_format=load_format, max_num_seqs=a.seqs, max_num_batched_tokens=2048, kv_cache_memory=a.kv_cache_memory)
   eng = llm.engine

@@ -4,7 +4,7 @@ from tinyvllm.block_manager import BlockManager
 from tinyvllm.config import Config
 from tinyvllm.scheduler import Scheduler
 from tinyvllm.sequence import Sequence, SamplingParams, Status
-from tinyvllm.tokenizer import Tokenizer, IncrementalDetokenizer
+from tinyvllm.tokenizer import Tokenizer
 from tinyvllm.config import BUNDLED_MODEL
 
 def engine_step(sch, batch):   # what the engine does with a batch: compute the tokens, sample one for sequences whose prompt is done
@@ -59,7 +59,7 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   bm, tokenizer = BlockManager(16, 4), Tokenizer(BUNDLED_MODEL)
   sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4, max_model_len=64), bm, set())
   a, b = Sequence("a", [1] * 6, SamplingParams(max_tokens=1)), Sequence("b", [1] * 3, SamplingParams(max_tokens=5))
-  for seq in (a, b): seq.detok = IncrementalDetokenizer(tokenizer, seq.token_ids)
+  for seq in (a, b): seq.detok = tokenizer.detokenizer(seq.token_ids)
   sch.waiting.extend([a, b])
   first = sch.schedule()
   sch.advance(first)                                   # launched: the prompts count as computed, their tokens are not known yet

@@ -2,7 +2,7 @@ import asyncio, dataclasses, gc, logging, os, queue, random, threading, time, uu
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
-from tinyvllm.tokenizer import Tokenizer, IncrementalDetokenizer
+from tinyvllm.tokenizer import Tokenizer
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
 from tinyvllm.sampler import grammar_tokenizer, compile_grammar, LLMatcher
@@ -50,7 +50,7 @@ class LLMEngine:
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31)
     parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
     seqs = [parent] + [Sequence(request_id, ids, params, i, parent, (seed + i) & 0x7fffffff) for i in range(1, params.n)]
-    for seq in seqs: seq.detok, seq.matcher = IncrementalDetokenizer(self.tokenizer, ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
+    for seq in seqs: seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
     self.requests[request_id] = seqs
     self.scheduler.waiting.extend(seqs)
     return request_id

@@ -56,7 +56,7 @@ class Scheduler:
     if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
     self.num_generation_tokens += 1
     params, searched = seq.params, len(seq.held_text)
-    seq.held_text += seq.detok.add([token])   # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
+    seq.held_text += seq.detok(token) or ""   # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
     reason = stop_reason = None
     if token in params.stop_token_ids: reason, stop_reason = "stop", token
     elif token in self.eos_ids and not params.ignore_eos: reason = "stop"

@@ -76,7 +76,7 @@ class Sequence:
     self.num_computed_tokens, self.seed, self.block_table = 0, seed, []   # block_table: its KV blocks, in order
     self.status, self.finish_reason = Status.WAITING, None
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
-    self.held_text, self.detok = "", None   # detokenized text not yet emitted: it may be the start of a stop string
+    self.held_text, self.detok = "", None   # detokenized text not yet emitted (it may start a stop string); its detokenizer
     self.matcher = None                     # llguidance's state of its grammar (structured outputs)
     self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)

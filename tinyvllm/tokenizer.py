@@ -1,4 +1,4 @@
-import datetime, json, os, pathlib
+import datetime, functools, json, os, pathlib, typing
 import jinja2, jinja2.ext, jinja2.sandbox, tokenizers
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
@@ -16,9 +16,7 @@ class Tokenizer:
     try: self.hf = hf = tokenizers.Tokenizer.from_file(path)
     except Exception as e: raise ValueError(f"{model_dir}: tokenizer.json could not be read ({e})") from None
     config, special_map = _json(model_dir, "tokenizer_config.json"), _json(model_dir, "special_tokens_map.json")
-    # added tokens: their strings in a text encode to their ids, and the special ones are left out of decoded text
-    self.specials = {t.content: i for i, t in hf.get_added_tokens_decoder().items()}
-    self.skip = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+    self.specials = {t.content: i for i, t in hf.get_added_tokens_decoder().items()}   # added tokens: their strings encode to their ids
     self.vocab_size = max([hf.get_vocab_size(), *(i + 1 for i in self.specials.values())])
     # HF adds BOS in the post-processor ("<bos> $A"), not with a flag: what it adds to an empty text is the BOS
     fmt_bos = next(iter(hf.encode("").tokens), None)
@@ -35,39 +33,25 @@ class Tokenizer:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent, **kw)  # jinja's own escapes html
     env.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
-    self.chat_template = env.from_string(tmpl) if tmpl else None
+    self.chat_template, self.chat_template_text = env.from_string(tmpl) if tmpl else None, tmpl or ""   # chat.py reads the text's markup
 
   def encode(self, text:str, add_special_tokens:bool=True) -> list[int]:
     ids = self.hf.encode(text, add_special_tokens=False).ids  # BOS is ours to add (add_bos_token may override the post-processor)
     return [self.bos_id] + ids if add_special_tokens and self.add_bos else ids
 
-  def decode(self, ids:list[int]) -> str:
-    return self.hf.decode([i for i in ids if i not in self.skip and 0 <= i < self.vocab_size])  # ids past the vocab: padded embedding rows
+  def decode(self, ids:list[int]) -> str: return self.hf.decode(ids)   # special tokens and ids past the vocab (padded embedding rows) left out
 
-  def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True) -> str:
+  def detokenizer(self, prompt_ids:list[int]) -> typing.Callable[[int], str | None]:
+    """vLLM's incremental detokenizer, as `tokenizers`' DecodeStream: a token's new text, decoded in the context of the tokens before it
+    (sentencepiece drops the leading space of a text's first token), or None while a character's bytes are incomplete."""
+    return functools.partial(tokenizers.decoders.DecodeStream(prompt_ids, skip_special_tokens=True).step, self.hf)
+
+  def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True, **template_kwargs) -> str:   # tools=, enable_thinking=
     messages = [m | {"content": _text(m["content"])} if "content" in m else m for m in messages]
     if self.chat_template is None: return "\n".join(m.get("content") or "" for m in messages)  # base model: plain text
     return self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", **template_kwargs)
 
-  def encode_chat(self, messages:list[dict]) -> list[int]:
-    return self.encode(text := self.apply_chat_template(messages), add_special_tokens=not (self.bos_token and text.startswith(self.bos_token)))
-
-class IncrementalDetokenizer:
-  """vLLM's detokenizer: decode a short window of tokens with and without the new ones and emit the difference. Decoding in context keeps
-  the leading space sentencepiece drops from a text's first token; holding back on a trailing U+FFFD waits for a character's last byte."""
-  def __init__(self, tokenizer:Tokenizer, prompt_ids:list[int]):
-    self.tokenizer, self.ids = tokenizer, list(prompt_ids)
-    self.prefix_offset, self.read_offset = max(len(self.ids) - 5, 0), len(self.ids)
-    self.prefix_text = tokenizer.decode(self.ids[self.prefix_offset:])
-
-  def add(self, new_ids:list[int]) -> str:
-    self.ids.extend(new_ids)
-    new_text = self.tokenizer.decode(self.ids[self.prefix_offset:])
-    if len(new_text) <= len(self.prefix_text) or new_text.endswith("\ufffd"): return ""
-    delta = new_text[len(self.prefix_text):]
-    # this window's text is the next one's context, so most tokens cost one decode, not two; past 6 tokens the window restarts at the
-    # last emitted chunk (vLLM's window), keeping decodes short
-    if len(self.ids) - self.prefix_offset > 6: self.prefix_offset, new_text = self.read_offset, self.tokenizer.decode(self.ids[self.read_offset:])
-    self.prefix_text, self.read_offset = new_text, len(self.ids)
-    return delta
+  def encode_chat(self, messages:list[dict], **template_kwargs) -> list[int]:
+    text = self.apply_chat_template(messages, **template_kwargs)
+    return self.encode(text, add_special_tokens=not (self.bos_token and text.startswith(self.bos_token)))
