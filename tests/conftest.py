@@ -1,6 +1,6 @@
 """Hugging Face tokenizer.json folders made with transformers from the original tokenizer files in tests/data (Meta's Llama 2
 sentencepiece and Llama 3 tiktoken files), once per test session: tinyvllm reads only tokenizer.json, the references stay the originals."""
-import pathlib
+import pathlib, shutil
 import pytest
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -41,4 +41,16 @@ def llama3_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama2_dir(tmp_path_factory):
   sentencepiece_to_hf(DATA / "llama2-sentencepiece" / "tokenizer.model", path := tmp_path_factory.mktemp("llama2-hf"))
+  return path
+
+@pytest.fixture(scope="session")
+def llama3_random(tmp_path_factory, llama3_dir):
+  """A random-weight Llama with Llama 3's 128k vocabulary, tokenizer.json and chat template (llama3_dir), saved by transformers."""
+  import torch, transformers
+  path = tmp_path_factory.mktemp("llama3_vocab")
+  torch.manual_seed(0)
+  cfg = transformers.LlamaConfig(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
+  transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+  shutil.copytree(llama3_dir, path, dirs_exist_ok=True)
   return path

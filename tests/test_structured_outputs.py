@@ -1,6 +1,6 @@
 """Structured outputs through llguidance grammars, on a random-weight Llama with Llama 3's 128k vocabulary: whatever the random logits
 prefer, every finished output parses and validates (jsonschema is the independent judge); rows without a grammar sample as before."""
-import json, shutil, jsonschema, pytest, torch, transformers
+import json, jsonschema, pytest
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.sequence import ParamError
 
@@ -11,14 +11,8 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
               "properties": {"city": {"type": "string", "maxLength": 10}, "zip": {"type": "integer", "minimum": 0, "maximum": 99999}}}}}
 
 @pytest.fixture(scope="module")
-def llm(tmp_path_factory, llama3_dir):   # a random Llama of Llama 3's vocabulary and tokenizer.json (conftest.py), saved by transformers
-  path = tmp_path_factory.mktemp("llama3_vocab")
-  torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True, architectures=["LlamaForCausalLM"])
-  transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-  shutil.copytree(llama3_dir, path, dirs_exist_ok=True)
-  return LLM(str(path), max_num_seqs=64, max_num_batched_tokens=64, max_model_len=1024)
+def llm(llama3_random):   # a random Llama of Llama 3's vocabulary and tokenizer.json (conftest.py)
+  return LLM(str(llama3_random), max_num_seqs=64, max_num_batched_tokens=64, max_model_len=1024)
 
 def test_json_schema_outputs_always_validate(llm):
   params = SamplingParams(temperature=1.0, max_tokens=400, structured_outputs={"json": SCHEMA})

@@ -1,4 +1,5 @@
 import asyncio, dataclasses, gc, logging, os, queue, random, threading, time, uuid
+import numpy as np
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
@@ -30,8 +31,9 @@ class LLMEngine:
     self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
     if not config.enforce_eager: self.runner.capture_graphs()
 
-  def prompt_ids(self, prompt:str|list[int]|dict) -> list[int]:
-    """vLLM's prompt forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}) as checked token ids."""
+  def check(self, prompt:str|list[int]|dict, params:SamplingParams) -> tuple[list[int], str | None]:
+    """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
+    and its grammar compiled: a bad request raises ValueError before anything of it is queued."""
     if isinstance(prompt, dict): prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt")
     ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
     if not isinstance(ids, list) or not all(type(t) is int for t in ids):
@@ -40,11 +42,10 @@ class LLMEngine:
       raise ValueError(f"prompt has {len(ids)} tokens; it must have between 1 and {self.config.max_model_len - 1} (max_model_len)")
     if not all(0 <= t < (vocab_size := self.runner.hf_config["vocab_size"]) for t in ids):
       raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
-    return ids
+    return ids, params.structured_outputs and compile_grammar(params.structured_outputs, self.grammar_tokenizer)
 
   def add_request(self, prompt:str|list[int]|dict, params:SamplingParams, request_id:str|None=None) -> str:
-    ids = self.prompt_ids(prompt)
-    grammar = params.structured_outputs and compile_grammar(params.structured_outputs, self.grammar_tokenizer)
+    ids, grammar = self.check(prompt, params)
     if (request_id := request_id or uuid.uuid4().hex) in self.requests: raise ValueError(f"request id {request_id!r} is already running")
     # forked siblings get distinct seeds, so n > 1 with one seed still gives n different samples; the step buffer carries 31 bits
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31)
@@ -67,9 +68,10 @@ class LLMEngine:
     batch, (seqs, sampled) = self.scheduler.schedule(), self.in_flight
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
-      self.scheduler.receive(seqs, tokens := sampled.tolist()[:len(seqs)] if seqs else [])
+      rows = sampled.numpy()[:len(seqs)] if seqs else np.zeros((0, 1), np.int32)   # a row per token: it, then its logprobs where asked
+      self.scheduler.receive(seqs, tokens := rows[:, 0].tolist())
       self.in_flight = (sampling, launch())
-      outputs = self.scheduler.postprocess(seqs, tokens)
+      outputs = self.scheduler.postprocess(seqs, tokens, rows)
       self.scheduler.advance(batch)
     except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)
@@ -101,12 +103,12 @@ class LLM:
   def __init__(self, model:str|None=None, device:str|None=None, **kwargs): self.engine = LLMEngine(Config(model=model, device=device, **kwargs))
 
   def generate(self, prompts, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
-    """prompts: one prompt or a list of them, in any of vLLM's forms (see LLMEngine.prompt_ids). Every prompt is checked before any is
-    queued, and nothing of this call stays queued if it raises, so a bad request leaves the engine as it was."""
+    """prompts: one prompt or a list of them, in any of vLLM's forms (see LLMEngine.check). Every prompt and grammar is checked before any
+    request is queued, and nothing of this call stays queued if it raises, so a bad request leaves the engine as it was."""
     prompts = [prompts] if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)) else list(prompts)
     params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
     if len(params) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-    prompt_ids = [self.engine.prompt_ids(p) for p in prompts]
+    prompt_ids = [self.engine.check(prompt, sp)[0] for prompt, sp in zip(prompts, params)]   # all of them, before any is queued
     request_ids = [self.engine.add_request(ids, sp) for ids, sp in zip(prompt_ids, params)]
     results = {rid: RequestOutput(rid, ids, [CompletionOutput(i, "", []) for i in range(sp.n)])
                for rid, ids, sp in zip(request_ids, prompt_ids, params)}
@@ -118,7 +120,8 @@ class LLM:
           result.finished, result.metrics = out.finished, out.metrics
           for delta in out.outputs:   # offline outputs are whole: the deltas add up
             old = result.outputs[delta.index]
-            result.outputs[delta.index] = dataclasses.replace(delta, text=old.text + delta.text, token_ids=old.token_ids + delta.token_ids)
+            result.outputs[delta.index] = dataclasses.replace(delta, text=old.text + delta.text, token_ids=old.token_ids + delta.token_ids,
+                                                              logprobs=delta.logprobs and (old.logprobs or []) + delta.logprobs)
             num_tokens += len(delta.token_ids)
           bar.update(out.finished)
         bar.set_description(f"generate {num_tokens / (time.perf_counter() - start):.0f} tok/s")

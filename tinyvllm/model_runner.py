@@ -4,7 +4,7 @@ from tinygrad.helpers import tqdm, diskcache_get, diskcache_put
 from tinyvllm.config import Config
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.attention import words, kv_write, paged_attention
-from tinyvllm.sampler import sample
+from tinyvllm.sampler import sample, logprobs
 from tinyvllm.sequence import Sequence
 
 log = logging.getLogger("tinyvllm")
@@ -75,15 +75,17 @@ class ModelRunner:
     hidden = self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]]   # only rows that sample need the LM head
     return self.model.logits(hidden)
 
-  def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, num_tokens:int, num_rows:int) -> Tensor:
-    """Sampling is a graph of its own in two variants, both captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
-    several passes over the vocabulary, so a batch whose requests use none of them runs the plain one."""
+  def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, num_tokens:int, num_rows:int, with_logprobs:bool) -> Tensor:
+    """Sampling is a graph of its own in three variants, all captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
+    several passes over the vocabulary, and logprobs (with filters) many more, so a batch whose requests use none of them runs the plain
+    one. Returns a row per sampled token: the token, then its logprobs where asked."""
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
-    return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
+    tokens = sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters)
+    return (logprobs(logits, tokens) if with_logprobs else tokens.unsqueeze(1)).contiguous()
 
-  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered:bool=False) -> tuple[typing.Callable, list[Sequence]]:
+  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False, with_logprobs=False) -> tuple[typing.Callable, list]:
     """Packs the step that computes k tokens of each (seq, k). Returns its launch, which gives (on the GPU, not waited for) one token
     for each sequence whose last token is computed, and those sequences, in batch order. The launch reads the input tokens last: with
     async scheduling, the previous step's samples are among them, and they arrive only just before."""
@@ -111,7 +113,8 @@ class ModelRunner:
                   "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p, "min_p": min_p}
     sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
     for name, values in per_sample.items(): rows[name][:len(sampled)] = values[sampling]
-    filtered = filtered or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 or seq.params.min_p > 0 for seq in sampled)
+    with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
+    filtered = filtered or with_logprobs or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 or seq.params.min_p > 0 for seq in sampled)
     def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
       fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load): prune
@@ -124,7 +127,8 @@ class ModelRunner:
       # the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36; BENCHMARKS.md)
       (device_buffer := (buffer := self.step_buffers[num_tokens]).uop.buffer).allocator._copyin(device_buffer._buf, memoryview(step_buffer).cast("B"))
       logits = call(("model",), self.forward, buffer)
-      return call(("sampler", filtered), self.sample, buffer, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
+      return call(("sampler", filtered, with_logprobs), functools.partial(self.sample, with_logprobs=with_logprobs), buffer, logits,
+                  *([self.grammar_masks(sampled, num_rows)] if filtered else []))
     return launch, sampled
 
   def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
@@ -146,6 +150,6 @@ class ModelRunner:
     caches = (tinygrad.schedule.schedule_cache, tinygrad.codegen.to_program_cache)
     for cache, stored in zip(caches, diskcache_get("tinyvllm_caches", key := f"{self.device} {self.hf_config}") or ()): cache.update(stored)
     sizes = [len(cache) for cache in caches]   # written back only if this start-up added to them: pickling ~40 MB takes seconds
-    for num_tokens, filtered in tqdm(list(itertools.product(self.buckets, (False, True))), desc="capturing step graphs"):
-      with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.prepare([], num_tokens, filtered)[0]()
+    for num_tokens, variant in tqdm(list(itertools.product(self.buckets, ((0, 0), (1, 0), (1, 1)))), desc="capturing step graphs"):
+      with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.prepare([], num_tokens, *variant)[0]()
     if [len(cache) for cache in caches] != sizes: diskcache_put("tinyvllm_caches", key, tuple(map(dict, caches)))

@@ -1,10 +1,10 @@
 """Sampling on device, inside the step's graph: grammar masks, temperature, top-k, top-p and seeded Gumbel-max, one graph for every mix
 of requests. Structured outputs are llguidance grammars (as in vLLM, SGLang and llama.cpp): a per-row bitmask of allowed tokens."""
 import json, math
-import llguidance
+import numpy as np, llguidance
 from llguidance import LLMatcher
 from tinygrad import Tensor, dtypes
-from tinyvllm.sequence import ParamError
+from tinyvllm.sequence import MAX_LOGPROBS, Logprob, ParamError
 
 # compact JSON (no endless whitespace, and no lone space tokens: sentencepiece-style vocabularies such as the bundled model's merge a
 # space into the token after it, so a grammar that needs `": "` could reach no token that continues it)
@@ -69,3 +69,22 @@ def top_k_top_p(x:Tensor, top_k:Tensor, top_p:Tensor, min_p:Tensor) -> Tensor:
   mass = lambda keep: keep.where(probs.unsqueeze(1), 0).sum(-1, keepdim=True)
   cut = threshold(probs, lambda keep: mass(keep) >= top_p.reshape(-1, 1, 1) * probs.sum(-1, keepdim=True).unsqueeze(1) * (1 - 1e-6))
   return ((probs >= cut) & (probs > 0)).where(x, -math.inf)
+
+def logprobs(logits:Tensor, tokens:Tensor) -> Tensor:
+  """vLLM's raw logprobs, from the logits of the step that sampled (before temperature, filters and grammar): rows of (token, its rank, its
+  logprob, the MAX_LOGPROBS most likely ids, their logprobs), int32 with the floats as bits, so one copy brings them all to the host."""
+  lp = logits.float().log_softmax(-1).contiguous()
+  sampled, top, rest = lp.gather(-1, tokens.unsqueeze(1)), [], lp
+  for _ in range(MAX_LOGPROBS):   # MAX_LOGPROBS passes of argmax, each masking the one before: no sort of the vocabulary
+    top.append(best := rest.argmax(-1, keepdim=True))
+    rest = (Tensor.arange(lp.shape[1]) == best).where(-math.inf, rest)
+  top_ids = Tensor.cat(*top, dim=1)
+  ranks = (lp > sampled).sum(-1, keepdim=True) + 1
+  return Tensor.cat(tokens.unsqueeze(1), ranks.cast(dtypes.int32), sampled.bitcast(dtypes.int32), top_ids.cast(dtypes.int32),
+                    lp.gather(-1, top_ids).bitcast(dtypes.int32), dim=1)
+
+def unpack_logprobs(row:np.ndarray, num_top:int) -> dict[int, Logprob]:
+  """One row of logprobs() as vLLM's {token id: Logprob}: the sampled token first, then the num_top most likely ones."""
+  floats, top = row.view(np.float32), slice(3, 3 + num_top)
+  return {int(row[0]): Logprob(float(floats[2]), int(row[1]))} | {int(i): Logprob(float(lp), rank) for rank, (i, lp) in
+                                                                  enumerate(zip(row[top], floats[3 + MAX_LOGPROBS:][:num_top]), 1)}

@@ -1,8 +1,10 @@
 import time
 from collections import deque
+import numpy as np
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status, CompletionOutput
 from tinyvllm.block_manager import BlockManager
+from tinyvllm.sampler import unpack_logprobs
 
 class Scheduler:
   """Continuous batching: every step fills a token budget, running sequences first (decodes and unfinished prompt chunks), then new
@@ -45,13 +47,13 @@ class Scheduler:
     for seq, token in zip(seqs, tokens):
       if seq.status != Status.FINISHED: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
 
-  def postprocess(self, seqs:list[Sequence], tokens:list[int]) -> list[tuple[Sequence, CompletionOutput]]:
+  def postprocess(self, seqs:list[Sequence], tokens:list[int], rows:np.ndarray) -> list[tuple[Sequence, CompletionOutput]]:
     """The step's bookkeeping, done while the GPU runs the next step: each sampled token is counted, detokenized and checked against the
     stop conditions, and finished sequences give their blocks back at once. Sequences that the step before stopped (the scheduler ran
     them once more before it knew) or that were aborted while the step ran are skipped."""
-    return [(seq, self.check_stop(seq, token)) for seq, token in zip(seqs, tokens) if seq.status != Status.FINISHED]
+    return [(seq, self.check_stop(seq, token, row)) for seq, token, row in zip(seqs, tokens, rows) if seq.status != Status.FINISHED]
 
-  def check_stop(self, seq:Sequence, token:int) -> CompletionOutput:
+  def check_stop(self, seq:Sequence, token:int, row:np.ndarray) -> CompletionOutput:
     """Count, detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
     if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
     self.num_generation_tokens += 1
@@ -69,7 +71,9 @@ class Scheduler:
     if reason: self.finish(seq, reason)
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
     text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
-    return CompletionOutput(seq.index, text, [token], reason, stop_reason)
+    if params.logprobs is None: return CompletionOutput(seq.index, text, [token], reason, stop_reason)
+    seq.cumulative_logprob += (logprobs := unpack_logprobs(row, params.logprobs))[token].logprob
+    return CompletionOutput(seq.index, text, [token], reason, stop_reason, [logprobs], seq.cumulative_logprob)
 
   def preempt(self, seq:Sequence):
     self.bm.free_blocks(seq); self.running.remove(seq); self.waiting.appendleft(seq)

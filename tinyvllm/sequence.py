@@ -2,6 +2,7 @@ import enum, math, time
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256   # bounds each token's stop search, so one request's stop lists can't stall the step
+MAX_LOGPROBS = 20                          # OpenAI's most top_logprobs: the logprobs graph always finds this many
 
 class ParamError(ValueError):
   """A request field out of range; `param` names it, so the server's 400 can say which."""
@@ -11,7 +12,7 @@ class ParamError(ValueError):
 RANGES = {"n": (int, lambda n: n >= 1, "at least 1"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
           "temperature": (float, lambda t: t >= 0, "non-negative"), "top_p": (float, lambda p: 0 < p <= 1, "in (0, 1]"),
           "min_p": (float, lambda p: 0 <= p <= 1, "in [0, 1]"), "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"),
-          "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer")}
+          "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer"), "logprobs": (int, lambda k: 0 <= k <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]")}
 
 def checked(name:str, value):
   """value as a finite number of the field's type in the field's range, or ParamError: JSON allows 10**309 or NaN, which would overflow
@@ -40,9 +41,10 @@ class SamplingParams:
   ignore_eos: bool = False
   include_stop_str_in_output: bool = False
   structured_outputs: dict | None = None   # {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}
+  logprobs: int | None = None            # each sampled token's logprob, and this many of the most likely tokens' (vLLM's raw logprobs)
   def __post_init__(self):
     for name in RANGES:
-      if name != "seed" or self.seed is not None: setattr(self, name, checked(name, getattr(self, name)))
+      if getattr(self, name) is not None or name not in ("seed", "logprobs"): setattr(self, name, checked(name, getattr(self, name)))
     self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
     if len(self.stop_token_ids) > MAX_STOP_STRINGS or not all(type(t) is int for t in self.stop_token_ids):
       raise ParamError("stop_token_ids", f"takes at most {MAX_STOP_STRINGS} integers")
@@ -52,12 +54,19 @@ class SamplingParams:
 class Status(enum.Enum): WAITING = 0; RUNNING = 1; FINISHED = 2
 
 @dataclass
+class Logprob:
+  logprob: float
+  rank: int                              # 1 for the most likely token
+
+@dataclass
 class CompletionOutput:
   index: int
   text: str
   token_ids: list[int]
   finish_reason: str | None = None       # "stop", "length" or "abort"
   stop_reason: str | int | None = None   # the stop string or stop token id that ended it (None for EOS, length or abort), as in vLLM
+  logprobs: list[dict[int, Logprob]] | None = None   # per token: the sampled token and the top SamplingParams.logprobs ones
+  cumulative_logprob: float | None = None            # the sum of the sampled tokens' logprobs so far
 
 @dataclass
 class RequestOutput:
@@ -77,6 +86,6 @@ class Sequence:
     self.status, self.finish_reason = Status.WAITING, None
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
     self.held_text, self.detok = "", None   # detokenized text not yet emitted (it may start a stop string); its detokenizer
-    self.matcher = None                     # llguidance's state of its grammar (structured outputs)
+    self.matcher, self.cumulative_logprob = None, 0.0   # llguidance's state of its grammar (structured outputs); sum of logprobs
     self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)

@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP server (`python -m tinyvllm.serve`): one AsyncLLM behind a small Starlette app, shaped like vLLM's api_server."""
 import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, time, typing, uuid
-import jinja2, uvicorn
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.applications import Starlette
@@ -9,9 +9,9 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from tinyvllm.config import Config
-from tinyvllm.sequence import CompletionOutput, ParamError, SamplingParams
+from tinyvllm.sequence import ParamError, SamplingParams
 from tinyvllm.llm_engine import AsyncLLM, EngineError
-from tinyvllm.sampler import compile_grammar
+from tinyvllm.chat import request as chat_request
 
 MAX_BODY = 1 << 20
 log = logging.getLogger("tinyvllm.serve")
@@ -20,15 +20,16 @@ log = logging.getLogger("tinyvllm.serve")
 HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": (int, float), "top_p": (int, float),
             "top_k": int, "min_p": (int, float), "seed": int, "n": int, "stop": (str, list), "stop_token_ids": list, "stream": bool,
             "stream_options": dict, "ignore_eos": bool, "include_stop_str_in_output": bool, "user": str, "safety_identifier": str,
-            "prompt_cache_key": str, "response_format": dict, "structured_outputs": dict}
+            "prompt_cache_key": str, "response_format": dict, "structured_outputs": dict, "tools": list, "tool_choice": (str, dict),
+            "chat_template_kwargs": dict, "logprobs": bool, "top_logprobs": int}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
 # other value is a 400 naming the field. Issue #14 turns most of them into features.
 NOT_YET = {field: no_ops for no_ops, fields in [
-  ([False], "logprobs echo store use_beam_search continue_final_message"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
-  ([0], "top_logprobs presence_penalty frequency_penalty min_tokens"), ([1], "repetition_penalty best_of"), ([[]], "tools functions bad_words"),
-  ([{}], "logit_bias metadata chat_template_kwargs"), (["none", "auto"], "tool_choice function_call"),
-  (["auto", "default"], "service_tier"), ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs "
-   "allowed_token_ids chat_template guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
+  ([False], "echo store use_beam_search continue_final_message"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
+  ([0], "presence_penalty frequency_penalty min_tokens"), ([1], "repetition_penalty best_of"), ([[]], "functions bad_words"),
+  ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"), ([["text"]], "modalities"),
+  ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template guided_json guided_regex "
+   "guided_choice guided_grammar")] for field in fields.split()}
 SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # vLLM's metric names (so its dashboards work) over engine.stats() keys; the raw block counts let tests check for leaks
 METRICS = {"vllm:num_requests_running": "num_running", "vllm:num_requests_waiting": "num_waiting", "vllm:kv_cache_usage_perc": "kv_cache_usage",
@@ -54,14 +55,6 @@ def engine_error(e:Exception) -> APIError:
   return APIError("The engine failed while running this request.", 500, "InternalServerError", code=500) if isinstance(e, EngineError) \
     else APIError(str(e))
 
-def choice(index:int, end:CompletionOutput|None, **content) -> dict:
-  # vLLM adds stop_reason to OpenAI's choice: the stop string or token id that ended it
-  return {"index": index, **content, "logprobs": None, "finish_reason": end and end.finish_reason, "stop_reason": end and end.stop_reason}
-
-def is_text(content) -> bool:   # a string, or a list of text parts
-  return isinstance(content, str) or isinstance(content, list) and all(
-    isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in content)
-
 def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
 
 class SSEResponse(StreamingResponse):
@@ -86,7 +79,7 @@ class OpenAIServer:
     if self.api_key and (scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), self.api_key.encode())):
       raise APIError("Incorrect API key provided.", 401, code="invalid_api_key")
 
-  async def read_request(self, request) -> tuple[list[int], SamplingParams, dict]:
+  async def read_request(self, request) -> tuple[list[int], SamplingParams, dict, typing.Callable]:
     self.authorize(request)
     if not self.llm.healthy: raise APIError("The engine has failed and cannot serve requests.", 503, "ServiceUnavailableError", code=503)
     if request.headers.get("content-type", "application/json").split(";")[0].strip().lower() != "application/json":
@@ -100,7 +93,7 @@ class OpenAIServer:
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
     return await asyncio.to_thread(self.parse, raw)
 
-  def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, dict]:
+  def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, dict, typing.Callable]:
     try: body = json.loads(raw, parse_constant=_reject)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
@@ -114,38 +107,21 @@ class OpenAIServer:
       log.warning("The following fields were present in the request but ignored: %s", unknown[:20])   # as vLLM does
     if body.get("model") not in (None, self.model):
       raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
-    messages = body.get("messages")
-    if not messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and is_text(m.get("content")) for m in messages):
-      raise APIError("'messages' must be a non-empty list of messages, each with a string 'role' and a 'content' that is a string or a "
-                     "list of text parts", param="messages")
-    try: prompt = self.tokenizer.encode_chat(messages)   # the tokenizer joins text parts with newlines, as vLLM does
-    except Exception as e:   # the template's own words are for the client; a tokenizer's C++ text (lone surrogates, ...) is not
-      raise APIError(f"The chat template refused the messages: {e}" if isinstance(e, jinja2.TemplateError) else
-                     "The messages could not be tokenized", param="messages")
-    if not prompt: raise APIError("The rendered prompt is empty", param="messages")
+    prompt, structured, parser = chat_request(self.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
     max_tokens_field = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
     context = self.config.max_model_len
     max_tokens = body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1)   # default: the rest of the context
-    # OpenAI's response_format as vLLM's structured outputs; the grammar is compiled here, so a bad schema is a 400 before any stream
-    structured, response_format = body.get("structured_outputs"), body.get("response_format") or {"type": "text"}
-    if (kind := response_format.get("type")) not in ("text", "json_object", "json_schema"):
-      raise APIError("response_format's type must be text, json_object or json_schema", param="response_format")
-    if kind != "text":
-      schema = response_format.get("json_schema")
-      structured = {"json_object": True} if kind == "json_object" else {"json": schema.get("schema") if isinstance(schema, dict) else None}
-    try:
-      params = SamplingParams(max_tokens=max_tokens, structured_outputs=structured, **{k: body[k] for k in SAMPLING if body.get(k) is not None})
-      if structured: compile_grammar(structured, self.llm.engine.grammar_tokenizer)
-    except ParamError as e:
-      renamed = {"max_tokens": max_tokens_field, "structured_outputs": "structured_outputs" if body.get("structured_outputs") else "response_format"}
-      raise APIError(str(e), param=renamed.get(e.param, e.param))
+    if body.get("top_logprobs") and not body.get("logprobs"): raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
+    try: params = SamplingParams(max_tokens=max_tokens, structured_outputs=structured, logprobs=body.get("top_logprobs") or 0 if body.get("logprobs")
+                                 else None, **{k: body[k] for k in SAMPLING if body.get(k) is not None})
+    except ParamError as e: raise APIError(str(e), param={"max_tokens": max_tokens_field, "logprobs": "top_logprobs"}.get(e.param, e.param))
     if len(prompt) + params.max_tokens > context:
       raise APIError(f"This model's maximum context length is {context} tokens. However, you requested {len(prompt) + params.max_tokens} "
                      f"tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
     # n sequences take n of the batch's max_num_seqs slots for the whole request: half leaves room for everyone else
     if params.n > (most_n := max(1, self.config.max_num_seqs // 2)):
       raise APIError(f"n must be at most {most_n} (half of max_num_seqs), so one request cannot fill the running batch", param="n")
-    return prompt, params, body
+    return prompt, params, body, parser
 
   def account(self, out, counts:list[int]):   # per-choice token counts; on the final output, the latency metrics
     for output in out.outputs: counts[output.index] += len(output.token_ids)
@@ -157,40 +133,35 @@ class OpenAIServer:
     self.successes.labels(self.model, out.outputs[-1].finish_reason).inc()
 
   async def chat(self, request):
-    prompt, params, body = await self.read_request(request)
-    request_id, counts = f"chatcmpl-{uuid.uuid4().hex}", [0] * params.n
+    prompt, params, body, parser = await self.read_request(request)
+    request_id, counts, parsers = f"chatcmpl-{uuid.uuid4().hex}", [0] * params.n, [parser(i, params.logprobs) for i in range(params.n)]
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": sum(counts), "total_tokens": len(prompt) + sum(counts)}
+    async def choices():   # one path for both responses: each engine output as its choices' deltas, through chat.py's parsers
+      async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
+        async for out in outputs:
+          self.account(out, counts)
+          # text can lag tokens (partial UTF-8, held-back stop strings and tags): only choices that have something to say
+          yield [choice for output in out.outputs if (choice := parsers[output.index].feed(output))]
     if body.get("stream"):
       sse = lambda data: f"data: {json.dumps(data)}\n\n"
       chunk = lambda choices, **extra: sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
       async def events():
-        async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
-          yield "".join(chunk([choice(i, None, delta={"role": "assistant", "content": ""})]) for i in range(params.n))
+        async with contextlib.aclosing(choices()) as stream:
+          yield "".join(chunk([p.choice(None, delta={"role": "assistant", "content": ""})]) for p in parsers)
           try:
-            async for out in outputs:
-              self.account(out, counts)
-              # text can lag tokens (partial UTF-8, held-back stop-string prefixes): only send chunks that carry something
-              yield "".join(chunk([choice(output.index, output, delta={"content": output.text} if output.text else {})])
-                            for output in out.outputs if output.text or output.finish_reason)
-          except (EngineError, ValueError) as e: yield sse(engine_error(e).body())   # the 200 is sent: the error is an event, as in vLLM
-          else:
+            async for step in stream: yield "".join(chunk([choice]) for choice in step)
             if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage())
+          except (EngineError, ValueError) as e: yield sse(engine_error(e).body())   # the 200 is sent: the error is an event, as in vLLM
           yield "data: [DONE]\n\n"
       return SSEResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    texts, ends = [""] * params.n, [None] * params.n   # ends: the output that finished each choice
-    async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
-      try:
-        async for out in outputs:
-          # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
+    async with contextlib.aclosing(choices()) as stream:
+      try:   # the parsers gather each choice's whole message
+        # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
+        async for _ in stream:
           if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
-          self.account(out, counts)
-          for output in out.outputs:
-            texts[output.index] += output.text
-            if output.finish_reason: ends[output.index] = output
       except (EngineError, ValueError) as e: raise engine_error(e)
-    choices = [choice(i, ends[i], message={"role": "assistant", "content": texts[i]}) for i in range(params.n)]
-    return JSONResponse({**head, "choices": choices, "usage": usage()})
+    return JSONResponse({**head, "choices": [p.reply() for p in parsers], "usage": usage()})
 
   async def models(self, request):
     self.authorize(request)
@@ -215,6 +186,7 @@ def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=No
   # a bug's traceback goes to uvicorn's log, never to the client; a client that hangs up mid-upload is no error of ours (499, no traceback)
   not_found = lambda status: "NotFoundError" if status == 404 else "invalid_request_error"
   handlers = {APIError: lambda request, e: e.response(), ClientDisconnect: lambda request, e: Response(status_code=499),
+              ParamError: lambda request, e: APIError(str(e), param=e.param).response(),   # a field out of range or shape: 400 naming it
               HTTPException: lambda request, e: APIError(e.detail, e.status_code, not_found(e.status_code), code=e.status_code).response(),
               Exception: lambda request, e: APIError("Internal server error", 500, "InternalServerError", code=500).response()}
   return Starlette(routes=routes, exception_handlers=handlers)

@@ -1,0 +1,131 @@
+"""Chat, apart from HTTP (vLLM's chat_utils, tool parsers and reasoning parsers): an OpenAI chat request -> the prompt and what the sampler
+must produce, and the model's text -> reasoning_content, content and tool_calls, as it streams. The parsers are tinygrad's own
+(tinygrad.llm.serve): StreamRouter splits <think> and <tool_call> regions as text streams in, holding back a tag split across pieces, and
+parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
+
+The chat template says what the model was taught: Hermes <tool_call> tags (Qwen, Hermes) or Llama 3.x's bare JSON calls, and whether it
+reasons inside <think> tags (Qwen3, DeepSeek-R1 distills). Only templates that mention them get tools or reasoning."""
+import copy, json, re, typing, uuid
+import jinja2
+from tinygrad.llm.serve import StreamRouter, normalize_messages, parse_tool_call
+from tinyvllm.sampler import compile_grammar
+from tinyvllm.sequence import ParamError
+
+# forced arguments take the layout templates render them in (tojson is json.dumps), the one the model learned
+ARGUMENTS_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+def merge(message:dict, delta:dict):   # deltas add up: text concatenates, tool calls append; empty values add nothing
+  for key, value in delta.items():
+    if value: message[key] = message.get(key, value[:0]) + value
+
+def checked_messages(messages) -> list[dict]:
+  """OpenAI's messages: content is a string or text parts, or null (as "") beside an assistant's tool calls, whose arguments (a JSON string
+  from clients) become the dicts chat templates expect, as vLLM does. Their results come back as role "tool" messages."""
+  text = lambda c: isinstance(c, str) or isinstance(c, list) and all(p["type"] == "text" and isinstance(p["text"], str) for p in c)
+  try:
+    normalize_messages(messages := copy.deepcopy(messages))   # in place, and the request stays as it came
+    if messages and all(isinstance(m["role"], str) and (m.get("content") is None or text(m["content"])) and all(
+        isinstance(c["function"]["name"], str) and isinstance(c["function"]["arguments"], dict) for c in m.get("tool_calls") or []) for m in messages):
+      return [m | {"content": m.get("content") or ""} for m in messages]
+  except (TypeError, KeyError, AttributeError): pass
+  raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
+
+def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, typing.Callable[[], "OutputParser"]]:
+  """The prompt (tools reach the template as transformers passes them; tool_choice "none" passes none); what the sampler must produce:
+  response_format, vLLM's structured_outputs, or a forced tool call (tool_choice "required" or a named function, as vLLM does), compiled
+  here so that a bad one is a 400 before any stream; and a factory of per-choice OutputParsers."""
+  template = tokenizer.chat_template_text
+  tool_format = "hermes" if "<tool_call>" in template else "json" if '"parameters"' in template else None
+  tools, choice, template_kwargs = body.get("tools") or [], body.get("tool_choice") or "auto", body.get("chat_template_kwargs") or {}
+  try: schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools if t["type"] == "function"}
+  except (TypeError, KeyError, AttributeError): schemas = {}
+  if len(schemas) != len(tools) or not all(isinstance(name, str) and isinstance(s, dict) for name, s in schemas.items()):
+    raise ParamError("tools", "must be a list of {'type': 'function', 'function': {'name': str, 'parameters': JSON schema}}, names distinct")
+  named = choice["function"].get("name") if isinstance(choice, dict) and isinstance(choice.get("function"), dict) else None
+  if not (choice in ("none", "auto") or choice == "required" and tools or isinstance(named, str) and named in schemas):
+    raise ParamError("tool_choice", "must be none, auto, required (with tools) or {'type': 'function', 'function': {'name': one of the tools}}")
+  if (calls := bool(tools) and choice != "none") and tool_format is None:
+    raise ParamError("tools", "need a chat template with Hermes <tool_call> tags or Llama 3's JSON calls; this model's has neither")
+  if own := {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"} & set(template_kwargs):
+    raise ParamError("chat_template_kwargs", f"may not set {sorted(own)}")
+  messages = checked_messages(body.get("messages"))
+  try: prompt = tokenizer.encode_chat(messages, **template_kwargs, **({"tools": tools} if calls else {}))
+  except Exception as e:   # the template's own words are for the client; a tokenizer's C++ text (lone surrogates, ...) is not
+    raise ParamError("messages", f"were refused by the chat template: {e}" if isinstance(e, jinja2.TemplateError) else "could not be tokenized") from None
+  if not prompt: raise ParamError("messages", "render an empty prompt")
+  # DeepSeek-R1's form: the template opens <think> in the prompt, so the output starts inside the reasoning
+  thinking = "<think>" in template and tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False).rstrip().endswith("<think>")
+  forced = {named: schemas[named]} if named else schemas if choice == "required" else None
+  fmt, structured = body.get("response_format") or {"type": "text"}, body.get("structured_outputs")
+  if (kind := fmt.get("type")) not in ("text", "json_object", "json_schema"):
+    raise ParamError("response_format", "must have a type of text, json_object or json_schema")
+  if forced and (structured or kind != "text"): raise ParamError("tool_choice", "cannot force a tool call and a response format at once")
+  try:   # OpenAI's response_format as vLLM's structured outputs
+    if kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
+    if forced: structured = {"grammar": tool_grammar(tokenizer, tool_format, forced, thinking, parallel=not named)}
+    if structured: compile_grammar(structured, grammar_tokenizer)
+  except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
+    raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
+  decode = lambda token: tokenizer.hf.decode([token], skip_special_tokens=False)
+  return prompt, structured, lambda index, top_logprobs: OutputParser(index, calls and tool_format, "<think>" in template, thinking, top_logprobs, decode)
+
+def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:bool, parallel:bool) -> str:
+  """Lark for llguidance that admits only calls of these functions in the template's markup (one, or several if parallel); %json embeds
+  each one's parameters schema. Tags that are tokens of the vocabulary are written bare, so that they match those tokens."""
+  tag, key = lambda text: text if text in tokenizer.specials else json.dumps(text), "arguments" if tool_format == "hermes" else "parameters"
+  call = " | ".join(json.dumps(f'{{"name": {json.dumps(name)}, "{key}": ') + f" %json {json.dumps(schema | {'x-guidance': ARGUMENTS_STYLE})} " + '"}"'
+                    for name, schema in schemas.items())
+  start = f'start: {tag("</think>")} "\\n\\n" ' if thinking else "start: "   # a reasoning turn the prompt opened ends at once
+  if tool_format == "json": return f"{start}({call})"   # Llama 3 templates take one call per turn
+  more = ' ("\\n" tool_call)*' * parallel
+  return f'{start}tool_call{more}\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")}'
+
+class OutputParser:
+  """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning_content, content and tool_calls, and its tokens'
+  logprobs where asked. StreamRouter holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when
+  the choice ends: markup that does not parse is content. Llama 3's JSON form is a whole output that parses as one call (its
+  <|python_tag|> is a special token, so never in the text)."""
+  def __init__(self, index:int, tool_format:str | None, reasoning:bool, thinking:bool, top_logprobs:int | None, decode:typing.Callable):
+    self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
+    if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
+    self.index, self.top_logprobs, self.decode, self.calls, self.finish_reason, self.stop_reason = index, top_logprobs, decode, 0, None, None
+    self.message, self.logprobs = {"role": "assistant", "content": ""}, []
+
+  def feed(self, out) -> dict | None:
+    """An engine output of this choice as its streamed choice, or None while there is nothing to say. The last one (finish_reason) sends
+    what was held, and a choice that called tools ends in "tool_calls"."""
+    delta, text, final = {}, out.text, out.finish_reason is not None
+    if self.json is not None:   # Llama 3: an output that starts with "{" is a call, known only at its end
+      self.json, text = self.json + text, ""
+      if final or self.json.strip() and not self.json.lstrip().startswith("{"):
+        if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
+        else: text = self.json
+        self.json = None
+    for field, value in self.router.route(text, final): merge(delta, {field: value})
+    for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S):   # the calls, at the end
+      if part.startswith("<tool_call>") and (call := self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))):
+        merge(delta, {"tool_calls": [call]})
+      elif part.strip() or not self.tool_format: merge(delta, {"content": part})   # whitespace between calls is markup
+    merge(self.message, delta | {"tool_calls": [{k: v for k, v in c.items() if k != "index"} for c in delta.get("tool_calls", [])]})
+    if final: self.finish_reason, self.stop_reason = "tool_calls" if out.finish_reason == "stop" and self.calls else out.finish_reason, out.stop_reason
+    if self.top_logprobs is None: return self.choice(None, delta=delta) if delta or final else None
+    self.logprobs += (logprobs := [self.entry(token, lps[token]) | {"top_logprobs": [self.entry(i, lp) for i, lp in sorted(lps.items(), key=lambda x: x[1].rank)
+                                   if lp.rank <= self.top_logprobs]} for token, lps in zip(out.token_ids, out.logprobs)])
+    return self.choice(logprobs, delta=delta)
+
+  def entry(self, token:int, logprob) -> dict:   # OpenAI's logprobs entry of a token
+    return {"token": (text := self.decode(token)), "logprob": logprob.logprob, "bytes": list(text.encode())}
+
+  def choice(self, logprobs:list | None, **content) -> dict:   # vLLM adds stop_reason: the stop string or token id that ended it
+    return {"index": self.index, **content, "logprobs": None if logprobs is None else {"content": logprobs},
+            "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
+
+  def reply(self) -> dict:   # the whole choice, as a non-streaming response carries it: content is null beside tool calls alone
+    content = {"content": None} if self.calls and not self.message["content"].strip() else {}
+    return self.choice(None if self.top_logprobs is None else self.logprobs, message=self.message | content)
+
+  def call(self, text:str) -> dict | None:   # a tool call as OpenAI's delta, or None if the text is not one
+    if not (self.tool_format and (parsed := parse_tool_call(text)) and isinstance(parsed[0], str) and isinstance(parsed[1], dict)): return None
+    self.calls += 1
+    return {"index": self.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": parsed[0], "arguments": json.dumps(parsed[1], ensure_ascii=False)}}
