@@ -34,8 +34,10 @@ if __name__ == "__main__":
     class Fake:
       def __init__(self, R): self.R = R
       def tolist(self): return rng.integers(3, 512, self.R).tolist()
+      def numpy(self): return rng.integers(3, 512, (self.R, 1)).astype(np.int32)   # rows of (token,): the engine since logprobs
     _TinyJit.__call__ = lambda self, *args: Fake(self.fxn.keywords["num_rows"])
   Tensor.tolist = timed(Tensor.tolist, "wait for the GPU (tolist)", acc)
+  Tensor.numpy = timed(Tensor.numpy, "wait for the GPU (numpy)", acc)
   runner_fn = "prepare" if hasattr(model_runner.ModelRunner, "prepare") else "run"
   for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, runner_fn), (scheduler.Scheduler, "check_stop"),
                     (block_manager.BlockManager, "commit"), (_TinyJit, "__call__"),

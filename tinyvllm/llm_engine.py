@@ -26,7 +26,7 @@ class LLMEngine:
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
-    self.requests: dict[str, list[Sequence]] = {}
+    self.requests: dict[str, list[Sequence]] = {}   # request id -> its sequences (n of them for n > 1)
     self.in_flight = ([], None)   # the launched step: its sampling sequences and the tokens they get, still on the GPU
     self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
     if not config.enforce_eager: self.runner.capture_graphs()
@@ -52,8 +52,7 @@ class LLMEngine:
     parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
     seqs = [parent] + [Sequence(request_id, ids, params, i, parent, (seed + i) & 0x7fffffff) for i in range(1, params.n)]
     for seq in seqs: seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
-    self.requests[request_id] = seqs
-    self.scheduler.waiting.extend(seqs)
+    self.requests[request_id] = seqs; self.scheduler.waiting.extend(seqs)
     return request_id
 
   def abort(self, request_id:str):
@@ -173,8 +172,7 @@ class AsyncLLM:
     try:
       while not finished:
         if isinstance(out := await q.get(), tuple): raise out[1]
-        finished = out.finished
-        yield out
+        finished = out.finished; yield out
     finally:   # the consumer went away (client disconnect) before the end: the request's blocks go back now
       self.queues.pop(request_id, None)
       if not finished: self.abort(request_id)

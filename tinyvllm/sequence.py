@@ -1,4 +1,4 @@
-import enum, math, time
+import collections, enum, math, time
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256   # bounds each token's stop search, so one request's stop lists can't stall the step
@@ -8,11 +8,11 @@ class ParamError(ValueError):
   """A request field out of range; `param` names it, so the server's 400 can say which."""
   def __init__(self, param:str, message:str): super().__init__(f"{param} {message}"); self.param = param
 
-# vLLM's ranges: (type, check, what the check asks)
+# vLLM's ranges: (type, check, what the check asks); seed and logprobs may also be None
 RANGES = {"n": (int, lambda n: n >= 1, "at least 1"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
           "temperature": (float, lambda t: t >= 0, "non-negative"), "top_p": (float, lambda p: 0 < p <= 1, "in (0, 1]"),
           "min_p": (float, lambda p: 0 <= p <= 1, "in [0, 1]"), "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"),
-          "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer"), "logprobs": (int, lambda k: 0 <= k <= MAX_LOGPROBS, f"in [0, {MAX_LOGPROBS}]")}
+          "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer"), "logprobs": (int, lambda k: 0 <= k <= MAX_LOGPROBS, "in [0, 20]")}
 
 def checked(name:str, value):
   """value as a finite number of the field's type in the field's range, or ParamError: JSON allows 10**309 or NaN, which would overflow
@@ -20,10 +20,9 @@ def checked(name:str, value):
   kind, ok, rule = RANGES[name]
   if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
     raise ParamError(name, "must be an integer" if kind is int else "must be a number")
-  try: finite = math.isfinite(value := kind(value))
+  try: value = kind(value)
   except OverflowError: raise ParamError(name, "is too large") from None
-  if not finite: raise ParamError(name, "must be finite")
-  if not ok(value): raise ParamError(name, f"must be {rule}")
+  if not math.isfinite(value) or not ok(value): raise ParamError(name, f"must be {rule}" if math.isfinite(value) else "must be finite")
   return value
 
 @dataclass
@@ -43,8 +42,8 @@ class SamplingParams:
   structured_outputs: dict | None = None   # {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}
   logprobs: int | None = None            # each sampled token's logprob, and this many of the most likely tokens' (vLLM's raw logprobs)
   def __post_init__(self):
-    for name in RANGES:
-      if getattr(self, name) is not None or name not in ("seed", "logprobs"): setattr(self, name, checked(name, getattr(self, name)))
+    for name in RANGES: setattr(self, name, getattr(self, name) if name in ("seed", "logprobs") and getattr(self, name) is None else
+                                checked(name, getattr(self, name)))
     self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
     if len(self.stop_token_ids) > MAX_STOP_STRINGS or not all(type(t) is int for t in self.stop_token_ids):
       raise ParamError("stop_token_ids", f"takes at most {MAX_STOP_STRINGS} integers")
@@ -53,10 +52,7 @@ class SamplingParams:
 
 class Status(enum.Enum): WAITING = 0; RUNNING = 1; FINISHED = 2
 
-@dataclass
-class Logprob:
-  logprob: float
-  rank: int                              # 1 for the most likely token
+Logprob = collections.namedtuple("Logprob", "logprob rank")   # vLLM's: a token's logprob and its rank (1 for the most likely token)
 
 @dataclass
 class CompletionOutput:
@@ -79,11 +75,10 @@ class RequestOutput:
 class Sequence:
   """One generated continuation: its tokens, how many of them already sit in the KV cache, and its block table."""
   def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, index:int=0, parent:"Sequence|None"=None, seed:int=0):
-    self.request_id, self.index, self.parent, self.params = request_id, index, parent, params
+    self.request_id, self.index, self.parent, self.params, self.status, self.finish_reason = request_id, index, parent, params, Status.WAITING, None
     # the prompt list is shared by siblings, not copied
     self.prompt_token_ids, self.token_ids, self.num_prompt_tokens = prompt_ids, list(prompt_ids), len(prompt_ids)
     self.num_computed_tokens, self.seed, self.block_table = 0, seed, []   # block_table: its KV blocks, in order
-    self.status, self.finish_reason = Status.WAITING, None
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
     self.held_text, self.detok = "", None   # detokenized text not yet emitted (it may start a stop string); its detokenizer
     self.matcher, self.cumulative_logprob = None, 0.0   # llguidance's state of its grammar (structured outputs); sum of logprobs

@@ -52,8 +52,7 @@ class APIError(Exception):
 def engine_error(e:Exception) -> APIError:
   # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message; a ValueError says why the
   # engine refused the request
-  return APIError("The engine failed while running this request.", 500, "InternalServerError", code=500) if isinstance(e, EngineError) \
-    else APIError(str(e))
+  return APIError(str(e)) if not isinstance(e, EngineError) else APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
 
 def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
 
@@ -68,8 +67,7 @@ class OpenAIServer:
   def __init__(self, llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None):
     self.llm, self.api_key, self.config, self.tokenizer = llm, api_key, llm.engine.config, llm.engine.tokenizer
     self.model = served_model_name or llm.engine.model_name
-    self.registry = CollectorRegistry()   # one per app, so two servers in one process keep their own counts
-    self.registry.register(self)          # see collect()
+    self.registry = CollectorRegistry(); self.registry.register(self)   # one per app, so two servers in one process keep their own counts
     self.latency = {name: Histogram(f"vllm:{name}_seconds", f"Histogram of {name.replace('_', ' ')} in seconds.", ["model_name"],
                                     registry=self.registry, buckets=edges).labels(self.model) for name, edges in HISTOGRAMS.items()}
     self.successes = Counter("vllm:request_success", "finished requests", ["model_name", "finished_reason"], registry=self.registry)
@@ -84,12 +82,10 @@ class OpenAIServer:
     if not self.llm.healthy: raise APIError("The engine has failed and cannot serve requests.", 503, "ServiceUnavailableError", code=503)
     if request.headers.get("content-type", "application/json").split(";")[0].strip().lower() != "application/json":
       raise APIError("The body must be JSON, sent as Content-Type: application/json", 415)
-    too_large = APIError(f"Body over {MAX_BODY} bytes", 413)
-    if request.headers.get("content-length", "").isdigit() and int(request.headers["content-length"]) > MAX_BODY: raise too_large
     raw = bytearray()
-    async for chunk in request.stream():  # chunked uploads carry no Content-Length: count what actually arrives
+    async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
       raw += chunk
-      if len(raw) > MAX_BODY: raise too_large
+      if len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
     return await asyncio.to_thread(self.parse, raw)
 
@@ -97,8 +93,7 @@ class OpenAIServer:
     try: body = json.loads(raw, parse_constant=_reject)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
-    for field, value in body.items():
-      if value is None: continue   # null means the default
+    for field, value in ((field, value) for field, value in body.items() if value is not None):   # null means the default
       if field in NOT_YET and value not in NOT_YET[field]: raise APIError(f"'{field}' is not supported yet", param=field)
       # JSON's true is no number
       if (expected := HONOURED.get(field)) and (not isinstance(value, expected) or isinstance(value, bool) and expected is not bool):
@@ -108,8 +103,7 @@ class OpenAIServer:
     if body.get("model") not in (None, self.model):
       raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
     prompt, structured, parser = chat_request(self.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
-    max_tokens_field = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
-    context = self.config.max_model_len
+    max_tokens_field, context = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None), self.config.max_model_len
     max_tokens = body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1)   # default: the rest of the context
     if body.get("top_logprobs") and not body.get("logprobs"): raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
     try: params = SamplingParams(max_tokens=max_tokens, structured_outputs=structured, logprobs=body.get("top_logprobs") or 0 if body.get("logprobs")
@@ -165,8 +159,8 @@ class OpenAIServer:
 
   async def models(self, request):
     self.authorize(request)
-    card = {"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "tinyvllm", "root": self.model}   # no local path
-    return JSONResponse({"object": "list", "data": [{**card, "max_model_len": self.config.max_model_len}]})
+    return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "tinyvllm",
+                                                     "root": self.model, "max_model_len": self.config.max_model_len}]})   # root: no local path
 
   async def health(self, request): return Response(status_code=200 if self.llm.healthy else 503)
 
@@ -175,9 +169,8 @@ class OpenAIServer:
   def collect(self):   # the engine's own gauges and counters, read at each scrape
     stats = self.llm.engine.stats()
     for name, key in METRICS.items():
-      family = (CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily)(name, key.replace("_", " "), labels=["model_name"])
-      family.add_metric([self.model], stats[key])
-      yield family
+      family = (CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily)(name, key, labels=["model_name"])
+      yield family.add_metric([self.model], stats[key]) or family
 
 def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None) -> Starlette:
   server = OpenAIServer(llm, served_model_name, api_key)

@@ -1,4 +1,4 @@
-import datetime, functools, json, os, pathlib, typing
+import datetime, json, os, pathlib, typing
 import jinja2, jinja2.ext, jinja2.sandbox, tokenizers
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
@@ -44,7 +44,12 @@ class Tokenizer:
   def detokenizer(self, prompt_ids:list[int]) -> typing.Callable[[int], str | None]:
     """vLLM's incremental detokenizer, as `tokenizers`' DecodeStream: a token's new text, decoded in the context of the tokens before it
     (sentencepiece drops the leading space of a text's first token), or None while a character's bytes are incomplete."""
-    return functools.partial(tokenizers.decoders.DecodeStream(prompt_ids, skip_special_tokens=True).step, self.hf)
+    streams = [tokenizers.decoders.DecodeStream(prompt_ids, skip_special_tokens=True)]
+    def step(token:int) -> str | None:
+      try: return streams[-1].step(self.hf, token)
+      except Exception:   # invalid UTF-8 in the context can break DecodeStream's prefix check (vLLM #17448): go on afresh, as vLLM does
+        return streams.append(tokenizers.decoders.DecodeStream(skip_special_tokens=True)) or streams[-1].step(self.hf, token)
+    return step
 
   def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True, **template_kwargs) -> str:   # tools=, enable_thinking=
     messages = [m | {"content": _text(m["content"])} if "content" in m else m for m in messages]
