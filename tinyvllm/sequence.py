@@ -20,25 +20,19 @@ def checked(name:str, value):
   kind, ok, rule = RANGES[name]
   if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
     raise ParamError(name, "must be an integer" if kind is int else "must be a number")
-  try: value = kind(value)
+  try: finite = math.isfinite(value := kind(value))
   except OverflowError: raise ParamError(name, "is too large") from None
-  if not math.isfinite(value) or not ok(value): raise ParamError(name, f"must be {rule}" if math.isfinite(value) else "must be finite")
+  if not finite or not ok(value): raise ParamError(name, f"must be {rule}" if finite else "must be finite")
   return value
 
 @dataclass
 class SamplingParams:
   """Per-request sampling knobs with vLLM's names, defaults and ranges, checked once here for the server and the offline API alike."""
-  n: int = 1
-  max_tokens: int = 16
-  temperature: float = 1.0
-  top_p: float = 1.0
+  n: int = 1; max_tokens: int = 16; temperature: float = 1.0; top_p: float = 1.0
   top_k: int = -1                        # -1 or 0 keeps the whole vocabulary
   min_p: float = 0.0                     # drop tokens less likely than min_p times the most likely one
-  seed: int | None = None
-  stop: str | list[str] | None = None
-  stop_token_ids: list[int] = field(default_factory=list)
-  ignore_eos: bool = False
-  include_stop_str_in_output: bool = False
+  seed: int | None = None; stop: str | list[str] | None = None; stop_token_ids: list[int] = field(default_factory=list)
+  ignore_eos: bool = False; include_stop_str_in_output: bool = False
   structured_outputs: dict | None = None   # {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}
   logprobs: int | None = None            # each sampled token's logprob, and this many of the most likely tokens' (vLLM's raw logprobs)
   def __post_init__(self):
@@ -56,9 +50,7 @@ Logprob = collections.namedtuple("Logprob", "logprob rank")   # vLLM's: a token'
 
 @dataclass
 class CompletionOutput:
-  index: int
-  text: str
-  token_ids: list[int]
+  index: int; text: str; token_ids: list[int]
   finish_reason: str | None = None       # "stop", "length" or "abort"
   stop_reason: str | int | None = None   # the stop string or stop token id that ended it (None for EOS, length or abort), as in vLLM
   logprobs: list[dict[int, Logprob]] | None = None   # per token: the sampled token and the top SamplingParams.logprobs ones
@@ -66,11 +58,8 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-  request_id: str
-  prompt_token_ids: list[int]
-  outputs: list[CompletionOutput]
-  finished: bool = False
-  metrics: dict = field(default_factory=dict)
+  request_id: str; prompt_token_ids: list[int]; outputs: list[CompletionOutput]
+  finished: bool = False; metrics: dict = field(default_factory=dict)
 
 class Sequence:
   """One generated continuation: its tokens, how many of them already sit in the KV cache, and its block table."""

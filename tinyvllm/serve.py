@@ -13,8 +13,7 @@ from tinyvllm.sequence import ParamError, SamplingParams
 from tinyvllm.llm_engine import AsyncLLM, EngineError
 from tinyvllm.chat import request as chat_request
 
-MAX_BODY = 1 << 20
-log = logging.getLogger("tinyvllm.serve")
+MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
 # ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
 HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": (int, float), "top_p": (int, float),
@@ -199,8 +198,7 @@ def cli() -> argparse.ArgumentParser:
   return parser
 
 def main():
-  args = cli().parse_args()
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  args = cli().parse_args(); logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   # the engine loads the model and captures its graphs before we listen, so the first request pays no JIT cost
   llm = AsyncLLM(Config(**{k: v for k, v in vars(args).items() if k in Config.__dataclass_fields__ and v is not None}))
   log.info("ready on http://%s:%d", args.host, args.port)

@@ -20,8 +20,7 @@ class Tokenizer:
     self.vocab_size = max([hf.get_vocab_size(), *(i + 1 for i in self.specials.values())])
     # HF adds BOS in the post-processor ("<bos> $A"), not with a flag: what it adds to an empty text is the BOS
     fmt_bos = next(iter(hf.encode("").tokens), None)
-    self.bos_token = _name(config.get("bos_token", special_map.get("bos_token", fmt_bos)))
-    self.eos_token = _name(config.get("eos_token", special_map.get("eos_token")))
+    self.bos_token, self.eos_token = (_name(config.get(k, special_map.get(k, fmt))) for k, fmt in (("bos_token", fmt_bos), ("eos_token", None)))
     self.bos_id = self.specials.get(self.bos_token)
     self.add_bos = config.get("add_bos_token", fmt_bos is not None) and self.bos_id is not None
     eos = [_json(model_dir, f).get("eos_token_id") for f in ("generation_config.json", "config.json")] + [self.specials.get(self.eos_token)]
