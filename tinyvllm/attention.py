@@ -32,8 +32,8 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and a thread group per
   # (token n, KV head, chunk c) walks its chunk once with an online softmax for the KV head's G query heads. The partial (m, l, acc) of the
   # chunks are merged afterwards with plain tinygrad ops.
-  (N, H, C, _), (NS, KVH, W), (S, MAXB), D = OUT.shape, KP.shape, BT.shape, Q.shape[2]   # OUT[..., :D] = acc, [D] = m, [D+1] = l
-  G, f32, P = H // KVH, dtypes.float, 2
+  # OUT[..., :D] = acc, [D] = m, [D+1] = l
+  (N, H, C, _), (NS, KVH, W), (S, MAXB), D = OUT.shape, KP.shape, BT.shape, Q.shape[2]; G, f32, P = H // KVH, dtypes.float, 2
   # GPU: a workgroup per (token, chunk), D/8 lanes per KV head, each owning 8 of the D dimensions for all G query heads of the KV head (vLLM's
   # thread groups with GQA): a K/V load serves G heads, and the registers stay few. CPU: one GLOBAL axis, no LOCAL axes, one lane.
   LANES, U = (D // 8, 8) if has_local else (1, D)
@@ -59,8 +59,7 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   # online-softmax state in registers, per head g: running max m, running denominator l, unnormalized output acc[g, U]; (re)initialized per
   # (n, c, kvh, e). Slots start at 10: tinygrad numbers its own reduce accumulators from 0
   state = lambda shape, slot, init, *r: UOp.placeholder(shape, f32, slot, addrspace=AddrSpace.REG).after(n, c, kvh, e)[r].set(init, end=r)
-  m, l, acc = state((G,), 10, -math.inf, g), state((G,), 11, 0.0, g), state((G, U), 12, 0.0, g, d)
-  pm, pl = m.after(t)[g], l.after(t)[g]
+  m, l, acc = state((G,), 10, -math.inf, g), state((G,), 11, 0.0, g), state((G, U), 12, 0.0, g, d); pm, pl = m.after(t)[g], l.after(t)[g]
   m_new = pm.maximum(score.reduce(q, arg=Ops.MAX))
   # rescale of the old state (none while every position so far was past the end: then m_new is still -inf), weights of the positions
   alpha, p = (first < ctx).where((pm - m_new).exp(), 1.0), valid.where((score - m_new).exp(), 0.0)
@@ -79,8 +78,7 @@ def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[T
   s = q.reshape(N, KVH, H // KVH, D).permute(1, 2, 0, 3).matmul(k.permute(1, 2, 0).unsqueeze(1), dtype=dtypes.float) / math.sqrt(D)
   idx = Tensor.arange(N).to(q.device)
   s = ((token_seq.unsqueeze(1) == token_seq.unsqueeze(0)) & (idx.unsqueeze(0) <= idx.unsqueeze(1))).where(s, -math.inf)  # (KVH, G, N, N)
-  m = s.max(-1, keepdim=True)
-  p = (s - m).exp()
+  m = s.max(-1, keepdim=True); p = (s - m).exp()
   # probabilities in 16 bits, as flash-attention does. acc gets its own buffer: fused into the merge in paged_attention, P x V became a kernel
   # with two reductions, which tinygrad runs without tensor cores (7x slower on an H200)
   acc = p.cast(q.dtype).matmul(v.permute(1, 0, 2).unsqueeze(1), dtype=dtypes.float).contiguous()
@@ -111,5 +109,5 @@ def paged_attention(q:Tensor, k:Tensor, v:Tensor, k_pool:Tensor, v_pool:Tensor, 
   if dense:
     dm, dl, dacc = in_step_attention(q, k, v, token_seq)
     m, l, acc = m.cat(dm.unsqueeze(-1), dim=-1), l.cat(dl.unsqueeze(-1), dim=-1), acc.cat(dacc.unsqueeze(2), dim=2)
-  w = (m - m.max(-1, keepdim=True)).exp()   # each partial's weight; an empty chunk (m = -inf) weighs 0
-  return ((acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(-1).unsqueeze(-1)).cast(q.dtype)
+  # each partial's weight; an empty chunk (m = -inf) weighs 0
+  w = (m - m.max(-1, keepdim=True)).exp(); return ((acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(-1).unsqueeze(-1)).cast(q.dtype)

@@ -24,8 +24,7 @@ class BlockManager:
   def _take(self) -> int:
     b, _ = self.free.popitem(last=False)
     if (h := self.hash_of.pop(b, None)) is not None: del self.cached[h]   # evict the least recently used cached prefix
-    self.ref[b] = 1
-    return b
+    self.ref[b] = 1; return b
 
   def cached_prefix(self, seq:Sequence) -> list[int]:
     """Cached blocks matching the start of seq; the last token is always left to compute, since its logits are needed."""
@@ -41,11 +40,9 @@ class BlockManager:
     need = -(-len(seq) // self.block_size) - len(shared)
     if need + sum(self.ref[b] == 0 for b in shared) > self.num_free: return False
     for b in shared: self.free.pop(b, None); self.ref[b] += 1
-    seq.block_table = shared + [self._take() for _ in range(need)]
-    seq.num_computed_tokens = len(shared) * self.block_size
+    seq.block_table = shared + [self._take() for _ in range(need)]; seq.num_computed_tokens = len(shared) * self.block_size
     seq.block_hashes = [self.hash_of[b] for b in shared] if all(b in self.hash_of for b in shared) else []
-    self.queries, self.hits = self.queries + len(seq), self.hits + seq.num_computed_tokens
-    return True
+    self.queries, self.hits = self.queries + len(seq), self.hits + seq.num_computed_tokens; return True
 
   def can_append(self, seq:Sequence, num_tokens:int) -> bool:
     return -(-(seq.num_computed_tokens + num_tokens) // self.block_size) - len(seq.block_table) <= self.num_free

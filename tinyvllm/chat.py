@@ -21,11 +21,11 @@ def merge(message:dict, delta:dict):   # deltas add up: text concatenates, tool 
 def checked_messages(messages) -> list[dict]:
   """OpenAI's messages: content is a string or text parts, or null (as "") beside an assistant's tool calls, whose arguments (a JSON string
   from clients) become the dicts chat templates expect, as vLLM does. Their results come back as role "tool" messages."""
-  text = lambda c: isinstance(c, str) or isinstance(c, list) and all(p["type"] == "text" and isinstance(p["text"], str) for p in c)
+  text = lambda c: c is None or isinstance(c, str) or isinstance(c, list) and all(p["type"] == "text" and isinstance(p["text"], str) for p in c)
+  call = lambda c: isinstance(c["function"]["name"], str) and isinstance(c["function"]["arguments"], dict)
   try:
     normalize_messages(messages := copy.deepcopy(messages))   # in place, and the request stays as it came
-    if messages and all(isinstance(m["role"], str) and (m.get("content") is None or text(m["content"])) and all(
-        isinstance(c["function"]["name"], str) and isinstance(c["function"]["arguments"], dict) for c in m.get("tool_calls") or []) for m in messages):
+    if messages and all(isinstance(m["role"], str) and text(m.get("content")) and all(map(call, m.get("tool_calls") or [])) for m in messages):
       return [m | {"content": m.get("content") or ""} for m in messages]
   except (TypeError, KeyError, AttributeError): pass
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")

@@ -55,19 +55,16 @@ SMEM: dict[str, int] = {}   # dynamic shared memory each kernel launches with, b
 @functools.cache
 def _launch_with_smem(program_t:type):
   # tinygrad's CUDAProgram takes an smem size but is always built without one, so every launch gets 0 bytes of dynamic shared memory
-  init = program_t.__init__
-  program_t.__init__ = lambda self, dev, obj, smem=0: init(self, dev, obj, SMEM.get(obj.name, smem))
+  init = program_t.__init__; program_t.__init__ = lambda self, dev, obj, smem=0: init(self, dev, obj, SMEM.get(obj.name, smem))
 
 @functools.cache
 def _kernel(M:int, N:int, K:int, dev:str, BM:int, BN:int, ST:int, S:int):
   from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler   # here, so other backends never load CUDA's libraries
-  _launch_with_smem(Device[dev].runtime_t)
-  SMEM[name := f"gemm_{BM}x{BN}x{ST}"] = ST*(BM+BN)*128 + 1024
+  _launch_with_smem(Device[dev].runtime_t); SMEM[name := f"gemm_{BM}x{BN}x{ST}"] = ST*(BM+BN)*128 + 1024
   acc = ",".join(f"%{i}" for i in range(BN//2)), ", ".join(f'"+f"(d[{i}])' for i in range(BN//2))   # the accumulator tile: BN/2 per thread
   mma = f'asm volatile("wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.bf16.bf16 {{{acc[0]}}}, %{BN//2}, %{BN//2+1}, 1, 1, 1, 0, 0;" : {acc[1]}'
   defs = {"NAME": name, "M": M, "N": N, "K": K, "BM": BM, "BN": BN, "ST": ST, "S": S, "MMA(a, b)": mma + ' : "l"(a), "l"(b))'}
-  src = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SRC
-  lib = NVRTCCompiler("sm_90a", ptx=False).compile_cached(src)
+  src = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SRC; lib = NVRTCCompiler("sm_90a", ptx=False).compile_cached(src)
   # outs/ins are what the JIT's memory planner and the CUDA graph's dependency edges see: C written, A and W read
   info = ProgramInfo(name, global_size=(-(-M//BM), N//BN, S), local_size=(BM//64*128, 1, 1), globals=(0, 1, 2), outs=(0,), ins=(1, 2),
                      target=Device[dev].renderer.target)
@@ -93,5 +90,4 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None) -> Tenso
   BM, BN, ST, S = cfg or plan(M, N, K)
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result)
   out = Tensor.empty(*(S,)*(S > 1), M, N, dtype=dtypes.float if S > 1 else x.dtype, device=x.device)
-  out = out.custom_kernel(x, w, fxn=_kernel(M, N, K, x.device, BM, BN, ST, S))[0]
-  return out.sum(0).cast(x.dtype) if S > 1 else out
+  out = out.custom_kernel(x, w, fxn=_kernel(M, N, K, x.device, BM, BN, ST, S))[0]; return out.sum(0).cast(x.dtype) if S > 1 else out

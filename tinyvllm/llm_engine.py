@@ -115,8 +115,7 @@ class LLM:
     try:
       while self.engine.has_unfinished():
         for out in self.engine.step():
-          result = results[out.request_id]
-          result.finished, result.metrics = out.finished, out.metrics
+          result = results[out.request_id]; result.finished, result.metrics = out.finished, out.metrics
           for delta in out.outputs:   # offline outputs are whole: the deltas add up
             old = result.outputs[delta.index]
             result.outputs[delta.index] = dataclasses.replace(delta, text=old.text + delta.text, token_ids=old.token_ids + delta.token_ids,
@@ -154,8 +153,7 @@ class AsyncLLM:
         except Exception as e: outs.append((request_id, e))   # a request the engine refuses fails alone
       try: outs += self.engine.step()
       except Exception as e:   # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
-        log.exception("engine step failed")
-        failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
+        log.exception("engine step failed"); failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
         for request_id in failed: self.engine.abort(request_id)
         outs += [(request_id, EngineError(failed)) for request_id in failed]
         try: self.engine.runner.prepare([], self.engine.runner.buckets[0])[0]().tolist()

@@ -44,8 +44,7 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str,
   return {k: to_device(disk[k]) for k in tqdm(shapes, desc="loading weights")}
 
 def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
-  hd, r = hf_config["head_dim"], hf_config["rope"]
-  inv = [hf_config["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
+  hd, r = hf_config["head_dim"], hf_config["rope"]; inv = [hf_config["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
   if r.get("rope_type", r.get("type")) == "llama3":
     # Llama 3.1 rescales by wavelength: frequencies whose wavelength is short against the original context are kept, long ones are slowed
     # by `factor`, and the band between blends the two (blend clamped to [0, 1] gives all three cases)
@@ -70,8 +69,7 @@ class Transformer:
     self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])   # tied embeddings share the matrix
 
   def norm(self, x:Tensor, name:str) -> Tensor:
-    xf = x.float()
-    return (xf * (xf.square().mean(-1, keepdim=True) + self.hf_config["rms_norm_eps"]).rsqrt()).cast(x.dtype) * self.w[name]
+    xf = x.float(); return (xf * (xf.square().mean(-1, keepdim=True) + self.hf_config["rms_norm_eps"]).rsqrt()).cast(x.dtype) * self.w[name]
 
   def linear(self, x:Tensor, name:str) -> Tensor:
     w, b = self.w[name+".weight"], self.w.get(name+".bias")
@@ -83,8 +81,7 @@ class Transformer:
     return (y if (y := gemm.matmul(h, self.lm_head)) is not None else h @ self.lm_head.T).float()
 
   def rope(self, x:Tensor, cos:Tensor, sin:Tensor) -> Tensor:   # Hugging Face's rotate_half layout
-    x1, x2 = x.chunk(2, -1)
-    return (x1*cos - x2*sin).cat(x2*cos + x1*sin, dim=-1).cast(x.dtype)
+    x1, x2 = x.chunk(2, -1); return (x1*cos - x2*sin).cat(x2*cos + x1*sin, dim=-1).cast(x.dtype)
 
   def __call__(self, tokens:Tensor, positions:Tensor, attention) -> Tensor:
     """tokens, positions: (N,) flattened over the step's sequences; attention(layer, q, k, v) -> (N, H, hd). Returns final hidden (N, D)."""
@@ -93,8 +90,7 @@ class Transformer:
     cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
     x = self.w["model.embed_tokens.weight"][tokens]
     for i in range(hf_config["num_hidden_layers"]):
-      p = f"model.layers.{i}."
-      h = self.norm(x, p+"input_layernorm.weight")
+      p = f"model.layers.{i}."; h = self.norm(x, p+"input_layernorm.weight")
       q, k, v = [t.reshape(N, -1, hd) for t in self.linear(h, p+"self_attn.qkv_proj").split([H*hd, KV*hd, KV*hd], dim=-1)]
       if hf_config["qk_norm"]: q, k = self.norm(q, p+"self_attn.q_norm.weight"), self.norm(k, p+"self_attn.k_norm.weight")
       x = x + self.linear(attention(i, self.rope(q, cos, sin), self.rope(k, cos, sin), v).reshape(N, -1), p+"self_attn.o_proj")

@@ -16,15 +16,13 @@ SAMPLE_ROWS = ("logits_idx", "seeds", "out_positions", "top_k", "temperatures", 
 def step_layout(num_tokens:int, num_rows:int, max_blocks:int) -> dict[str, slice]:
   """Where each input lives in the step buffer: the one layout both the packing (host) and the unpacking (graph) read."""
   sizes = {**dict.fromkeys(TOKEN_ROWS, num_tokens), "block_tables": num_rows * max_blocks, **dict.fromkeys(SAMPLE_ROWS, num_rows)}
-  ends = list(itertools.accumulate(sizes.values()))
-  return {name: slice(end - size, end) for (name, size), end in zip(sizes.items(), ends)}
+  return {name: slice(end - size, end) for (name, size), end in zip(sizes.items(), itertools.accumulate(sizes.values()))}
 
 class ModelRunner:
   """Turns a scheduled batch into one forward pass over the flattened tokens of all its sequences (prefill chunks and decodes alike),
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs)."""
   def __init__(self, config:Config, model_dir:str):
-    self.config, self.device = config, Device.DEFAULT
-    self.hf_config = hf_config = read_config(model_dir)
+    self.config, self.device = config, Device.DEFAULT; self.hf_config = hf_config = read_config(model_dir)
     self.dtype = self.pick_dtype(hf_config)
     self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
     log.info("loading %s on %s in %s", model_dir, self.device, self.dtype)
@@ -40,8 +38,7 @@ class ModelRunner:
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
     self.kv = [[words(Tensor.zeros(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     self.max_blocks = -(-self.max_model_len // block_size)
-    top = max(config.max_num_batched_tokens, config.max_num_seqs)
-    self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
+    top = max(config.max_num_batched_tokens, config.max_num_seqs); self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
     size = lambda bucket: max(where.stop for where in step_layout(bucket, min(bucket, config.max_num_seqs), self.max_blocks).values())
     # each token bucket's step inputs on the device, overwritten by one plain copy per launch (see prepare)
     self.step_buffers = {bucket: Tensor.zeros(size(bucket), dtype=dtypes.int32).contiguous().realize() for bucket in self.buckets}
@@ -62,8 +59,8 @@ class ModelRunner:
   def default_kv_gb(self, enough:float) -> float:
     if self.device != "CUDA": return min(enough, 4.0)
     import ctypes, tinygrad.runtime.autogen.cuda as cuda   # the one device where tinygrad can tell us free memory: take 90% of it
-    cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t()))   # free and total bytes
-    return 0.9 * free.value / 1e9
+    # free and total bytes
+    cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); return 0.9 * free.value / 1e9
 
   def forward(self, step_buffer:Tensor, num_tokens:int, num_rows:int) -> Tensor:
     """The decoder over the step's tokens; returns the logits of the rows that sample."""
@@ -95,8 +92,7 @@ class ModelRunner:
     scalars = [(s.num_computed_tokens, k, len(s), len(s.block_table), s.seed, s.params.top_k) for s, k in batch]
     num_cached, num_new, length, num_blocks, seed, top_k = np.array(scalars, int).reshape(-1, 6).T
     floats = [(s.params.temperature, s.params.top_p, s.params.min_p) for s, _ in batch]   # they travel as float32 bits
-    temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T
-    total = int(num_new.sum())
+    temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T; total = int(num_new.sum())
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
     layout = step_layout(num_tokens, num_rows := min(num_tokens, self.config.max_num_seqs), self.max_blocks)
     step_buffer = np.zeros(self.step_buffers[num_tokens].shape[0], np.int32)
@@ -106,8 +102,8 @@ class ModelRunner:
     seq_of_token = np.repeat(np.arange(len(batch)), num_new)
     positions = np.arange(total) - np.repeat(np.cumsum(num_new) - num_new, num_new) + num_cached[seq_of_token]
     rows["positions"][:total], rows["token_seq"][:total], rows["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
-    rows["slots"][:] = -1   # padding tokens write nowhere
-    rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+    # padding tokens write nowhere
+    rows["slots"][:] = -1; rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
     sampling = num_cached + num_new == length   # sequences whose last token is computed sample one
     per_sample = {"logits_idx": np.cumsum(num_new) - 1, "seeds": seed, "out_positions": length, "temperatures": temperature,
                   "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p, "min_p": min_p}

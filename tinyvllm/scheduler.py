@@ -14,8 +14,8 @@ class Scheduler:
   launch), and `postprocess` (nano-vllm's) while the next step runs."""
   def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
     self.config, self.bm, self.eos_ids = config, block_manager, eos_ids
-    self.waiting, self.running = deque(), []   # running in admission order: the last one is the first to be preempted
-    self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
+    # running in admission order: the last one is the first to be preempted
+    self.waiting, self.running = deque(), []; self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
 
   def schedule(self) -> list[tuple[Sequence, int]]:
     """Returns (sequence, number of its tokens to compute this step); a sequence whose last token is computed samples one more."""
@@ -56,17 +56,15 @@ class Scheduler:
   def check_stop(self, seq:Sequence, token:int, row:np.ndarray) -> CompletionOutput:
     """Count, detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
     if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
-    self.num_generation_tokens += 1
-    params, searched = seq.params, len(seq.held_text)
-    seq.held_text += seq.detok(token) or ""   # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
-    reason = stop_reason = None
+    self.num_generation_tokens += 1; params, searched = seq.params, len(seq.held_text)
+    # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
+    seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
     if token in params.stop_token_ids: reason, stop_reason = "stop", token
     elif token in self.eos_ids and not params.ignore_eos: reason = "stop"
     elif seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"   # the grammar is complete
     for stop in params.stop:   # a match can only start in the new text or in the len(stop) - 1 held characters before it
       if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
-        seq.held_text = seq.held_text[:i + len(stop) if params.include_stop_str_in_output else i]
-        reason, stop_reason = "stop", stop
+        seq.held_text = seq.held_text[:i + len(stop) if params.include_stop_str_in_output else i]; reason, stop_reason = "stop", stop
     if reason is None and (len(seq) - seq.num_prompt_tokens >= params.max_tokens or len(seq) >= self.config.max_model_len): reason = "length"
     if reason: self.finish(seq, reason)
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
