@@ -82,8 +82,7 @@ def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[T
   # probabilities in 16 bits, as flash-attention does. acc gets its own buffer: fused into the merge in paged_attention, P x V became a kernel
   # with two reductions, which tinygrad runs without tensor cores (7x slower on an H200)
   acc = p.cast(q.dtype).matmul(v.permute(1, 0, 2).unsqueeze(1), dtype=dtypes.float).contiguous()
-  to_nh = lambda t: t.permute(2, 0, 1, 3).reshape(N, H, t.shape[3])
-  return to_nh(m)[..., 0], to_nh(p.sum(-1, keepdim=True))[..., 0], to_nh(acc)
+  to_nh = lambda t: t.permute(2, 0, 1, 3).reshape(N, H, t.shape[3]); return to_nh(m)[..., 0], to_nh(p.sum(-1, keepdim=True))[..., 0], to_nh(acc)
 
 def paged_attention(q:Tensor, k:Tensor, v:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor, token_seq:Tensor, positions:Tensor,
                     cached_lens:Tensor, block_size:int) -> Tensor:

@@ -11,15 +11,13 @@ class BlockManager:
   Prefix caching: a full block's KV is registered under its chained hash; a later prompt with the same prefix shares the block (ref count up)
   and skips its prefill. Freed cached blocks stay findable on the free list until they are reused, least recently freed first."""
   def __init__(self, num_blocks:int, block_size:int, enable_prefix_caching:bool=True):
-    self.num_blocks, self.block_size, self.caching = num_blocks, block_size, enable_prefix_caching
-    self.ref = [0] * num_blocks
+    self.num_blocks, self.block_size, self.caching = num_blocks, block_size, enable_prefix_caching; self.ref = [0] * num_blocks
     self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))   # front = next to be reused
     self.cached: dict[bytes, int] = {}      # hash -> physical block holding that prefix's KV
     self.hash_of: dict[int, bytes] = {}     # physical block -> its hash, to unregister it when the block is reused
     self.queries = self.hits = 0            # prompt tokens looked up / found in the cache
 
-  @property
-  def num_free(self) -> int: return len(self.free)
+  num_free = property(lambda self: len(self.free))
 
   def _take(self) -> int:
     b, _ = self.free.popitem(last=False)
@@ -36,8 +34,7 @@ class BlockManager:
 
   def allocate(self, seq:Sequence, shared:list[int]|None=None) -> bool:
     """Admit seq: share `shared` (a forked parent's blocks) or its cached prefix, and take fresh blocks for the rest of its tokens."""
-    shared = self.cached_prefix(seq) if shared is None else shared
-    need = -(-len(seq) // self.block_size) - len(shared)
+    shared = self.cached_prefix(seq) if shared is None else shared; need = -(-len(seq) // self.block_size) - len(shared)
     if need + sum(self.ref[b] == 0 for b in shared) > self.num_free: return False
     for b in shared: self.free.pop(b, None); self.ref[b] += 1
     seq.block_table = shared + [self._take() for _ in range(need)]; seq.num_computed_tokens = len(shared) * self.block_size

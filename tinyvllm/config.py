@@ -34,9 +34,8 @@ def model_path(model:str|None) -> str:
 
 def select_device(device:str|None) -> str:
   """Map --device / $DEVICE onto tinygrad's DEV before any tensor exists; unknown devices fail listing what tinygrad can open."""
-  from tinygrad import Device
-  from tinygrad.helpers import DEV
-  if device := device or os.getenv("DEVICE"): DEV.value = device
+  from tinygrad import Device, helpers
+  if device := device or os.getenv("DEVICE"): helpers.DEV.value = device
   try: return Device[Device.DEFAULT].device
   except Exception as e:
     raise RuntimeError(f"device {device!r} is not usable ({type(e).__name__}: {e}); tinygrad found: {list(Device.get_available_devices())}") from None

@@ -48,8 +48,7 @@ class LLMEngine:
     ids, grammar = self.check(prompt, params)
     if (request_id := request_id or uuid.uuid4().hex) in self.requests: raise ValueError(f"request id {request_id!r} is already running")
     # forked siblings get distinct seeds, so n > 1 with one seed still gives n different samples; the step buffer carries 31 bits
-    seed = params.seed if params.seed is not None else self.rng.getrandbits(31)
-    parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
+    seed = params.seed if params.seed is not None else self.rng.getrandbits(31); parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
     seqs = [parent] + [Sequence(request_id, ids, params, i, parent, (seed + i) & 0x7fffffff) for i in range(1, params.n)]
     for seq in seqs: seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
     self.requests[request_id] = seqs; self.scheduler.waiting.extend(seqs)
@@ -88,14 +87,6 @@ class LLMEngine:
                "finish_time": max(s.finish_time for s in seqs), "num_prompt_tokens": seqs[0].num_prompt_tokens,
                "num_generation_tokens": sum(len(s) - s.num_prompt_tokens for s in seqs)}
     return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, True, metrics)
-
-  def stats(self) -> dict:
-    bm, sch = self.block_manager, self.scheduler
-    running = {s.request_id for s in sch.running}   # requests, as vLLM counts them: n siblings are one request
-    return {"num_running": len(running), "num_waiting": len({s.request_id for s in sch.waiting} - running), "num_blocks": bm.num_blocks,
-            "num_free_blocks": bm.num_free, "kv_cache_usage": 1 - bm.num_free / bm.num_blocks, "prefix_cache_queries": bm.queries,
-            "prefix_cache_hits": bm.hits, "num_preemptions": sch.num_preemptions, "prompt_tokens": sch.num_prompt_tokens,
-            "generation_tokens": sch.num_generation_tokens}
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""

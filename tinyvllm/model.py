@@ -34,7 +34,7 @@ def weight_shapes(hf_config:dict) -> dict[str, tuple[int, ...]]:
 def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str, Tensor]:
   shapes = weight_shapes(hf_config)
   if dummy: return {k: Tensor.uniform(*s, low=-0.05, high=0.05, dtype=dtype).realize() for k, s in tqdm(shapes.items(), desc="dummy weights")}
-  index = os.path.join(model_dir, "model.safetensors.index.json")
+  index = os.path.join(model_dir, "model.safetensors.index.json")   # a sharded checkpoint names its files there
   files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
   disk = {k: t for f in files for k, t in safe_load(os.path.join(model_dir, f)).items()}
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
@@ -87,8 +87,7 @@ class Transformer:
     """tokens, positions: (N,) flattened over the step's sequences; attention(layer, q, k, v) -> (N, H, hd). Returns final hidden (N, D)."""
     hf_config, N = self.hf_config, tokens.shape[0]
     hd, H, KV = hf_config["head_dim"], hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
-    cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-    x = self.w["model.embed_tokens.weight"][tokens]
+    cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1); x = self.w["model.embed_tokens.weight"][tokens]
     for i in range(hf_config["num_hidden_layers"]):
       p = f"model.layers.{i}."; h = self.norm(x, p+"input_layernorm.weight")
       q, k, v = [t.reshape(N, -1, hd) for t in self.linear(h, p+"self_attn.qkv_proj").split([H*hd, KV*hd, KV*hd], dim=-1)]

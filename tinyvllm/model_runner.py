@@ -23,8 +23,7 @@ class ModelRunner:
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs)."""
   def __init__(self, config:Config, model_dir:str):
     self.config, self.device = config, Device.DEFAULT; self.hf_config = hf_config = read_config(model_dir)
-    self.dtype = self.pick_dtype(hf_config)
-    self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
+    self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
     log.info("loading %s on %s in %s", model_dir, self.device, self.dtype)
     weights = load_weights(model_dir, hf_config, self.dtype, dummy=config.load_format == "dummy")
     self.model = Transformer(hf_config, weights, self.max_model_len)
@@ -69,8 +68,8 @@ class ModelRunner:
     def attention(layer:int, q:Tensor, k:Tensor, v:Tensor) -> Tensor:
       return paged_attention(q, k, v, *kv_write(*self.kv[layer], inputs["slots"], k, v), block_tables, inputs["token_seq"],
                              inputs["positions"], inputs["cached_lens"], self.config.block_size)
-    hidden = self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]]   # only rows that sample need the LM head
-    return self.model.logits(hidden)
+    # only the rows that sample need the LM head
+    return self.model.logits(self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]])
 
   def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, num_tokens:int, num_rows:int, with_logprobs:bool) -> Tensor:
     """Sampling is a graph of its own in three variants, all captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
@@ -96,8 +95,8 @@ class ModelRunner:
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
     layout = step_layout(num_tokens, num_rows := min(num_tokens, self.config.max_num_seqs), self.max_blocks)
     step_buffer = np.zeros(self.step_buffers[num_tokens].shape[0], np.int32)
-    rows = {name: step_buffer[where] for name, where in layout.items()}   # views: writing a row writes the buffer
-    block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
+    # rows are views: writing a row writes the buffer
+    rows = {name: step_buffer[where] for name, where in layout.items()}; block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
     block_tables[:len(batch)][np.arange(self.max_blocks) < num_blocks[:, None]] = list(itertools.chain(*(s.block_table for s, _ in batch)))
     seq_of_token = np.repeat(np.arange(len(batch)), num_new)
     positions = np.arange(total) - np.repeat(np.cumsum(num_new) - num_new, num_new) + num_cached[seq_of_token]

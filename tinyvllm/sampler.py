@@ -63,8 +63,7 @@ def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, t
 def top_k_top_p(x:Tensor, top_k:Tensor, top_p:Tensor, min_p:Tensor) -> Tensor:
   """x with -inf for tokens less likely than min_p times the row's most likely one, then outside the row's top-k tokens, then outside the
   smallest set of those holding top_p of their probability."""
-  probs = x.softmax(-1)
-  probs = (probs >= min_p.unsqueeze(1) * probs.max(-1, keepdim=True)).where(probs, 0)
+  probs = ((p := x.softmax(-1)) >= min_p.unsqueeze(1) * p.max(-1, keepdim=True)).where(p, 0)
   probs = (probs >= threshold(probs, lambda keep: keep.sum(-1, keepdim=True) >= top_k.reshape(-1, 1, 1))).where(probs, 0)
   mass = lambda keep: keep.where(probs.unsqueeze(1), 0).sum(-1, keepdim=True)
   cut = threshold(probs, lambda keep: mass(keep) >= top_p.reshape(-1, 1, 1) * probs.sum(-1, keepdim=True).unsqueeze(1) * (1 - 1e-6))
@@ -76,8 +75,7 @@ def logprobs(logits:Tensor, tokens:Tensor) -> Tensor:
   lp = logits.float().log_softmax(-1).contiguous()
   sampled, top, rest = lp.gather(-1, tokens.unsqueeze(1)), [], lp
   for _ in range(MAX_LOGPROBS):   # MAX_LOGPROBS passes of argmax, each masking the one before: no sort of the vocabulary
-    top.append(best := rest.argmax(-1, keepdim=True))
-    rest = (Tensor.arange(lp.shape[1]) == best).where(-math.inf, rest)
+    top.append(best := rest.argmax(-1, keepdim=True)); rest = (Tensor.arange(lp.shape[1]) == best).where(-math.inf, rest)
   top_ids, ranks = Tensor.cat(*top, dim=1), (lp > sampled).sum(-1, keepdim=True) + 1
   return Tensor.cat(tokens.unsqueeze(1), ranks.cast(dtypes.int32), sampled.bitcast(dtypes.int32), top_ids.cast(dtypes.int32),
                     lp.gather(-1, top_ids).bitcast(dtypes.int32), dim=1)

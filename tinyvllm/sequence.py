@@ -58,8 +58,7 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-  request_id: str; prompt_token_ids: list[int]; outputs: list[CompletionOutput]
-  finished: bool = False; metrics: dict = field(default_factory=dict)
+  request_id: str; prompt_token_ids: list[int]; outputs: list[CompletionOutput]; finished: bool = False; metrics: dict = field(default_factory=dict)
 
 class Sequence:
   """One generated continuation: its tokens, how many of them already sit in the KV cache, and its block table."""
@@ -70,6 +69,6 @@ class Sequence:
     self.num_computed_tokens, self.seed, self.block_table = 0, seed, []   # block_table: its KV blocks, in order
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
     self.held_text, self.detok = "", None   # detokenized text not yet emitted (it may start a stop string); its detokenizer
-    self.matcher, self.cumulative_logprob = None, 0.0   # llguidance's state of its grammar (structured outputs); sum of logprobs
-    self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
+    # llguidance's state of its grammar (structured outputs); the sum of its logprobs
+    self.matcher, self.cumulative_logprob = None, 0.0; self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)

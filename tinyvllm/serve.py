@@ -30,11 +30,6 @@ NOT_YET = {field: no_ops for no_ops, fields in [
   ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template guided_json guided_regex "
    "guided_choice guided_grammar")] for field in fields.split()}
 SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
-# vLLM's metric names (so its dashboards work) over engine.stats() keys; the raw block counts let tests check for leaks
-METRICS = {"vllm:num_requests_running": "num_running", "vllm:num_requests_waiting": "num_waiting", "vllm:kv_cache_usage_perc": "kv_cache_usage",
-           "vllm:prefix_cache_queries_total": "prefix_cache_queries", "vllm:prefix_cache_hits_total": "prefix_cache_hits",
-           "vllm:num_preemptions_total": "num_preemptions", "vllm:prompt_tokens_total": "prompt_tokens",
-           "vllm:generation_tokens_total": "generation_tokens", "tinyvllm:num_blocks": "num_blocks", "tinyvllm:num_free_blocks": "num_free_blocks"}
 # vLLM's latency histograms (vllm:NAME_seconds) and bucket edges, so its Grafana dashboards read them unchanged
 HISTOGRAMS = {
   "time_to_first_token": [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560],
@@ -99,8 +94,7 @@ class OpenAIServer:
         raise APIError(f"'{field}' has the wrong type", param=field)
     if unknown := [field for field in body if field not in HONOURED and field not in NOT_YET]:
       log.warning("The following fields were present in the request but ignored: %s", unknown[:20])   # as vLLM does
-    if body.get("model") not in (None, self.model):
-      raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
+    if body.get("model") not in (None, self.model): raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
     prompt, structured, parser = chat_request(self.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
     max_tokens_field, context = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None), self.config.max_model_len
     max_tokens = body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1)   # default: the rest of the context
@@ -165,11 +159,16 @@ class OpenAIServer:
 
   async def metrics(self, request): return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
-  def collect(self):   # the engine's own gauges and counters, read at each scrape
-    stats = self.llm.engine.stats()
-    for name, key in METRICS.items():
-      family = (CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily)(name, key, labels=["model_name"])
-      yield family.add_metric([self.model], stats[key]) or family
+  def collect(self):   # the engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape
+    bm, sch = self.llm.engine.block_manager, self.llm.engine.scheduler
+    running = {s.request_id for s in sch.running}   # requests, as vLLM counts them: n siblings are one request
+    for name, value in {"vllm:num_requests_running": len(running), "vllm:num_requests_waiting": len({s.request_id for s in sch.waiting} - running),
+                        "vllm:kv_cache_usage_perc": 1 - bm.num_free / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
+                        "vllm:prefix_cache_hits_total": bm.hits, "vllm:num_preemptions_total": sch.num_preemptions,
+                        "vllm:prompt_tokens_total": sch.num_prompt_tokens, "vllm:generation_tokens_total": sch.num_generation_tokens,
+                        "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": bm.num_free}.items():   # raw counts: leak checks
+      family = (CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily)(name, name.split(":")[1], labels=["model_name"])
+      yield family.add_metric([self.model], value) or family
 
 def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None) -> Starlette:
   server = OpenAIServer(llm, served_model_name, api_key)

@@ -21,8 +21,7 @@ class Tokenizer:
     # HF adds BOS in the post-processor ("<bos> $A"), not with a flag: what it adds to an empty text is the BOS
     fmt_bos = next(iter(hf.encode("").tokens), None)
     self.bos_token, self.eos_token = (_name(config.get(k, special_map.get(k, fmt))) for k, fmt in (("bos_token", fmt_bos), ("eos_token", None)))
-    self.bos_id = self.specials.get(self.bos_token)
-    self.add_bos = config.get("add_bos_token", fmt_bos is not None) and self.bos_id is not None
+    self.bos_id = self.specials.get(self.bos_token); self.add_bos = config.get("add_bos_token", fmt_bos is not None) and self.bos_id is not None
     eos = [_json(model_dir, f).get("eos_token_id") for f in ("generation_config.json", "config.json")] + [self.specials.get(self.eos_token)]
     self.eos_ids = {i for x in eos for i in (x if isinstance(x, list) else [x]) if i is not None}
     tmpl = config.get("chat_template")
