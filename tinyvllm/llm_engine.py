@@ -35,13 +35,11 @@ class LLMEngine:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
     and its grammar compiled: a bad request raises ValueError before anything of it is queued."""
     if isinstance(prompt, dict): prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt")
-    ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
-      raise ValueError("a prompt is a string, a list of token ids, {'prompt': str} or {'prompt_token_ids': [int, ...]}")
+    ids, vocab_size = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt, self.runner.hf_config["vocab_size"]
+    if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab_size for t in ids):
+      raise ValueError(f"a prompt is a string, a list of token ids in [0, {vocab_size}), {{'prompt': str}} or {{'prompt_token_ids': [int, ...]}}")
     if not 0 < len(ids) < self.config.max_model_len:
       raise ValueError(f"prompt has {len(ids)} tokens; it must have between 1 and {self.config.max_model_len - 1} (max_model_len)")
-    if not all(0 <= t < (vocab_size := self.runner.hf_config["vocab_size"]) for t in ids):
-      raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
     return ids, params.structured_outputs and compile_grammar(params.structured_outputs, self.grammar_tokenizer)
 
   def add_request(self, prompt:str|list[int]|dict, params:SamplingParams, request_id:str|None=None) -> str:
@@ -83,10 +81,8 @@ class LLMEngine:
     seqs = self.requests[request_id]
     if not all(s.status == Status.FINISHED for s in seqs): return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas)
     del self.requests[request_id]
-    metrics = {"arrival_time": seqs[0].arrival_time, "first_token_time": min(s.first_token_time for s in seqs),
-               "finish_time": max(s.finish_time for s in seqs), "num_prompt_tokens": seqs[0].num_prompt_tokens,
-               "num_generation_tokens": sum(len(s) - s.num_prompt_tokens for s in seqs)}
-    return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, True, metrics)
+    metrics = {"arrival_time": seqs[0].arrival_time, "first_token_time": min(s.first_token_time for s in seqs), "finish_time": max(s.finish_time for s in seqs)}
+    return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, True, metrics)   # vLLM's RequestMetrics: the latency histograms' times
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
@@ -107,11 +103,7 @@ class LLM:
       while self.engine.has_unfinished():
         for out in self.engine.step():
           result = results[out.request_id]; result.finished, result.metrics = out.finished, out.metrics
-          for delta in out.outputs:   # offline outputs are whole: the deltas add up
-            old = result.outputs[delta.index]
-            result.outputs[delta.index] = dataclasses.replace(delta, text=old.text + delta.text, token_ids=old.token_ids + delta.token_ids,
-                                                              logprobs=delta.logprobs and (old.logprobs or []) + delta.logprobs)
-            num_tokens += len(delta.token_ids)
+          for delta in out.outputs: result.outputs[delta.index] += delta; num_tokens += len(delta.token_ids)   # offline outputs are whole
           bar.update(out.finished)
         bar.set_description(f"generate {num_tokens / (time.perf_counter() - start):.0f} tok/s")
     finally:
@@ -137,22 +129,20 @@ class AsyncLLM:
 
   def loop(self):
     while self.work.wait():
-      outs: list = []
+      outs: list[tuple[str, RequestOutput | Exception]] = []   # (request id, its output or its error)
       while not self.inbox.empty():
         request_id, prompt, params = self.inbox.get()
         try: self.engine.add_request(prompt, params, request_id) if params else self.engine.abort(request_id)
         except Exception as e: outs.append((request_id, e))   # a request the engine refuses fails alone
-      try: outs += self.engine.step()
+      try: outs += [(out.request_id, out) for out in self.engine.step()]
       except Exception as e:   # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
         log.exception("engine step failed"); failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
-        for request_id in failed: self.engine.abort(request_id)
-        outs += [(request_id, EngineError(failed)) for request_id in failed]
+        for request_id in failed: self.engine.abort(request_id); outs.append((request_id, EngineError(failed)))
         try: self.engine.runner.prepare([], self.engine.runner.buckets[0])[0]().tolist()
         except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
       self.work.clear()   # clear, then look again: a request that arrived meanwhile set the event after our last check
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()
-      for out in outs:
-        request_id = out[0] if isinstance(out, tuple) else out.request_id
+      for request_id, out in outs:
         if (q := self.queues.get(request_id)): q[0].call_soon_threadsafe(q[1].put_nowait, out)
 
   async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str):
@@ -160,7 +150,7 @@ class AsyncLLM:
     self.inbox.put((request_id, prompt_token_ids, params)); self.work.set()
     try:
       while not finished:
-        if isinstance(out := await q.get(), tuple): raise out[1]
+        if isinstance(out := await q.get(), Exception): raise out
         finished = out.finished; yield out
     finally:   # the consumer went away (client disconnect) before the end: the request's blocks go back now
       self.queues.pop(request_id, None)

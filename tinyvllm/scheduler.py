@@ -69,9 +69,8 @@ class Scheduler:
     if reason: self.finish(seq, reason)
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
     text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
-    if params.logprobs is None: return CompletionOutput(seq.index, text, [token], reason, stop_reason)
-    seq.cumulative_logprob += (logprobs := unpack_logprobs(row, params.logprobs))[token].logprob
-    return CompletionOutput(seq.index, text, [token], reason, stop_reason, [logprobs], seq.cumulative_logprob)
+    if logprobs := None if params.logprobs is None else unpack_logprobs(row, params.logprobs): seq.cumulative_logprob += logprobs[token].logprob
+    return CompletionOutput(seq.index, text, [token], reason, stop_reason, logprobs and [logprobs], logprobs and seq.cumulative_logprob)
 
   def preempt(self, seq:Sequence):
     self.bm.free_blocks(seq); self.running.remove(seq); self.waiting.appendleft(seq)

@@ -1,4 +1,4 @@
-import collections, enum, math, time
+import collections, dataclasses, enum, math, time
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256   # bounds each token's stop search, so one request's stop lists can't stall the step
@@ -55,6 +55,9 @@ class CompletionOutput:
   stop_reason: str | int | None = None   # the stop string or stop token id that ended it (None for EOS, length or abort), as in vLLM
   logprobs: list[dict[int, Logprob]] | None = None   # per token: the sampled token and the top SamplingParams.logprobs ones
   cumulative_logprob: float | None = None            # the sum of the sampled tokens' logprobs so far
+  def __add__(self, delta:"CompletionOutput") -> "CompletionOutput":   # the output so far and the next delta, as one
+    return dataclasses.replace(delta, text=self.text + delta.text, token_ids=self.token_ids + delta.token_ids,
+                               logprobs=delta.logprobs and (self.logprobs or []) + delta.logprobs)
 
 @dataclass
 class RequestOutput:
