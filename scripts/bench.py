@@ -36,10 +36,13 @@ def model_folder(args) -> tuple[str | None, str]:
   # Tokenizer(model_dir), so run from a temp copy with a tokenizer.json beside the config: Llama 3's 128k BPE for the large vocabularies
   # (so the server benchmark streams real text; ids past its 128,256 decode to ""), made with transformers from Meta's ranks file in
   # tests/data as tests/conftest.py makes it (~10 s), and stories260K's for small ones or without transformers.
+  # The config's own BOS/EOS ids are dropped from the copy, so the stand-in's count: Qwen's EOS 151645 lies past Llama 3's vocabulary, and
+  # llguidance refuses a tokenizer whose EOS it does not hold (the benchmarks ignore EOS anyway).
   os.makedirs(dst := os.path.join(tempfile.mkdtemp(prefix="tinyvllm-bench-"), args.config))
-  shutil.copy(os.path.join(HERE, "configs", args.config, "config.json"), dst)
+  config = json.load(open(os.path.join(HERE, "configs", args.config, "config.json")))
+  with open(os.path.join(dst, "config.json"), "w") as f: json.dump({k: v for k, v in config.items() if k not in ("bos_token_id", "eos_token_id")}, f)
   llama3 = os.path.join(os.path.dirname(HERE), "tests", "data", "llama3-tiktoken")
-  if json.load(open(os.path.join(dst, "config.json")))["vocab_size"] >= 128256 and os.path.isdir(llama3):
+  if config["vocab_size"] >= 128256 and os.path.isdir(llama3):
     try:
       from transformers import AutoTokenizer
       AutoTokenizer.from_pretrained(llama3, add_bos_token=True).save_pretrained(dst)
@@ -100,19 +103,24 @@ def latency(args, llm, name, dev, bw, rate):
   params = sum(t.numel() for t in w.values())
   # decode reads every weight once per token, except the embedding table (one row gathered), plus the whole LM head (tied or not)
   weight_bytes = (params - w["model.embed_tokens.weight"].numel() + runner.model.lm_head.numel()) * it
+  # MoE: a token goes through k of the E experts in each sparse layer, so decode reads (and prefill computes) only those: the active
+  # parameters (Qwen3-30B-A3B: 3.3 B of 30.5 B). A 1024-token prefill still reads every expert.
+  experts = sum(t.numel() for k, t in w.items() if ".experts." in k)
+  inactive = experts * (1 - c["num_experts_per_tok"] / c["num_experts"]) if experts else 0
   prompt, out, T = latency_lengths(mml)
   sp = SamplingParams(temperature=args.temperature, max_tokens=out, ignore_eos=True)
   runs = [timed_request(eng, rng.integers(0, vocab, prompt).tolist(), sp) for _ in range(5)][2:]   # 2 warm-up runs (JIT capture)
   dec = statistics.median((len(t) - 1) / (t[-1] - t[0]) for t in runs)
   kv_bytes = 2 * L * KV * hd * it * (prompt + out / 2)    # K and V of the average context, every layer
-  dec_roof = bw / (weight_bytes + kv_bytes)
+  dec_roof = bw / (weight_bytes - inactive * it + kv_bytes)
   # fresh random prompts each run, so the prefix cache never hits
   ttft = statistics.median([timed_request(eng, rng.integers(0, vocab, T).tolist(), SamplingParams(max_tokens=1))[0] for _ in range(7)][2:])
-  proj = sum(t.numel() for k, t in w.items() if k.endswith("_proj.weight"))
+  proj = sum(t.numel() for k, t in w.items() if k.endswith("_proj.weight")) + experts - inactive
   # prefill: 2 FLOPs per weight per token in the projections, the LM head for the last token only, causal attention (QK^T and PV)
   flops = 2 * T * proj + 2 * runner.model.lm_head.numel() + L * 2 * H * hd * T * (T + 1)
   ttft_roof = max(flops / rate, weight_bytes / bw)
-  print(f"params {params / 1e6:,.1f} M ({runner.dtype.name}), bytes read per decode token {(weight_bytes + kv_bytes) / 1e6:,.1f} MB, "
+  print(f"params {params / 1e6:,.1f} M ({runner.dtype.name}{f', {(params - inactive) / 1e6:,.1f} M active' if experts else ''}), "
+        f"bytes read per decode token {(weight_bytes - inactive * it + kv_bytes) / 1e6:,.1f} MB, "
         f"prefill FLOPs for {T} tokens {flops / 1e9:,.1f} G")
   print(f"decode batch 1 ({prompt}-token prompt, {out} tokens): {dec:.1f} tok/s, roofline {dec_roof:.1f} tok/s ({dec / dec_roof:.1%})")
   print(f"TTFT {T}-token prompt: {ttft * 1e3:.1f} ms median of 5, roofline {ttft_roof * 1e3:.2f} ms ({ttft_roof / ttft:.1%})")

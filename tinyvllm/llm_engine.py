@@ -81,7 +81,8 @@ class LLMEngine:
     seqs = self.requests[request_id]
     if not all(s.status == Status.FINISHED for s in seqs): return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas)
     del self.requests[request_id]
-    metrics = {"arrival_time": seqs[0].arrival_time, "first_token_time": min(s.first_token_time for s in seqs), "finish_time": max(s.finish_time for s in seqs)}
+    metrics = {"arrival_time": seqs[0].arrival_time, "first_token_time": min(s.first_token_time for s in seqs),
+               "finish_time": max(s.finish_time for s in seqs)}
     return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, True, metrics)   # vLLM's RequestMetrics: the latency histograms' times
 
 class LLM:

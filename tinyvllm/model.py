@@ -1,10 +1,10 @@
-import itertools, json, math, os
+import functools, itertools, json, math, os, re
 from tinygrad import Tensor, dtypes
 from tinygrad.nn.state import safe_load
 from tinygrad.helpers import tqdm
 from tinyvllm import gemm
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
 def read_config(model_dir:str) -> dict:
   if not os.path.isfile(path := os.path.join(model_dir, "config.json")): raise FileNotFoundError(f"no model at {model_dir!r}: {path} not found")
@@ -12,10 +12,15 @@ def read_config(model_dir:str) -> dict:
   if (arch := (raw.get("architectures") or ["?"])[0]) not in ARCHITECTURES:
     raise ValueError(f"unsupported architecture {arch!r} in {path}; tinyvllm runs {', '.join(ARCHITECTURES)}")
   rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}   # transformers 5 moved rope_theta into rope_parameters
+  E, mixtral, step = raw.get("num_experts") or raw.get("num_local_experts") or 0, arch == "MixtralForCausalLM", raw.get("decoder_sparse_step", 1)
   return raw | {"head_dim": raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"], "rope": rope,
                 "num_key_value_heads": raw.get("num_key_value_heads") or raw["num_attention_heads"],
                 "rope_theta": raw.get("rope_theta") or rope.get("rope_theta", 10000.0),
-                "qkv_bias": arch == "Qwen2ForCausalLM" or raw.get("attention_bias", False), "qk_norm": arch == "Qwen3ForCausalLM"}
+                "qkv_bias": arch == "Qwen2ForCausalLM" or raw.get("attention_bias", False), "qk_norm": arch.startswith("Qwen3"),
+                # mixture of experts: the sparse layers (Qwen3-MoE may keep dense ones among them), the experts' tensor names, top-k renorm
+                "moe_layers": [i for i in range(raw["num_hidden_layers"]) if E and (i+1) % step == 0 and i not in raw.get("mlp_only_layers", [])],
+                "moe_names": ("block_sparse_moe", "w1", "w3", "w2") if mixtral else ("mlp", "gate_proj", "up_proj", "down_proj"),
+                "num_experts": E, "norm_topk_prob": mixtral or raw.get("norm_topk_prob", False)}
 
 def weight_shapes(hf_config:dict) -> dict[str, tuple[int, ...]]:
   """Every tensor the decoder needs, by Hugging Face name: used to check a checkpoint and to build dummy weights."""
@@ -25,15 +30,20 @@ def weight_shapes(hf_config:dict) -> dict[str, tuple[int, ...]]:
   for i in range(hf_config["num_hidden_layers"]):
     p = f"model.layers.{i}."
     s |= {p+"input_layernorm.weight": (D,), p+"post_attention_layernorm.weight": (D,), p+"self_attn.o_proj.weight": (D, H*hd),
-          p+"self_attn.q_proj.weight": (H*hd, D), p+"self_attn.k_proj.weight": (KV*hd, D), p+"self_attn.v_proj.weight": (KV*hd, D),
-          p+"mlp.gate_proj.weight": (I, D), p+"mlp.up_proj.weight": (I, D), p+"mlp.down_proj.weight": (D, I)}
+          p+"self_attn.q_proj.weight": (H*hd, D), p+"self_attn.k_proj.weight": (KV*hd, D), p+"self_attn.v_proj.weight": (KV*hd, D)}
+    if i in hf_config["moe_layers"]:   # the router, and E experts of width moe_intermediate_size (Mixtral's: intermediate_size)
+      (moe, *names), E, Ie = hf_config["moe_names"], hf_config["num_experts"], hf_config.get("moe_intermediate_size", I)
+      s |= {p+moe+".gate.weight": (E, D)} | {f"{p}{moe}.experts.{e}.{n}.weight": sh for e in range(E) for n, sh in zip(names, [(Ie, D)]*2+[(D, Ie)])}
+    else: s |= {p+"mlp.gate_proj.weight": (I, D), p+"mlp.up_proj.weight": (I, D), p+"mlp.down_proj.weight": (D, I)}
     if hf_config["qkv_bias"]: s |= {p+"self_attn.q_proj.bias": (H*hd,), p+"self_attn.k_proj.bias": (KV*hd,), p+"self_attn.v_proj.bias": (KV*hd,)}
     if hf_config["qk_norm"]: s |= {p+"self_attn.q_norm.weight": (hd,), p+"self_attn.k_norm.weight": (hd,)}
   return s
 
 def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str, Tensor]:
   shapes = weight_shapes(hf_config)
-  if dummy: return {k: Tensor.uniform(*s, low=-0.05, high=0.05, dtype=dtype).realize() for k, s in tqdm(shapes.items(), desc="dummy weights")}
+  # a layer's experts share one draw (copied apart when stacked): 18k draws of tinygrad's Python rand (Qwen3-30B-A3B) would take minutes
+  draw = functools.cache(lambda name, s: Tensor.uniform(*s, low=-0.05, high=0.05, dtype=dtype).realize())
+  if dummy: return {k: draw(re.sub(r"experts\.\d+\.", "experts.", k), s) for k, s in tqdm(shapes.items(), desc="dummy weights")}
   index = os.path.join(model_dir, "model.safetensors.index.json")   # a sharded checkpoint names its files there
   files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
   disk = {k: t for f in files for k, t in safe_load(os.path.join(model_dir, f)).items()}
@@ -57,12 +67,16 @@ def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
 FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
 class Transformer:
-  """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias) and Qwen3 (q/k norm). Attention is passed in, so the model knows nothing of paging."""
+  """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm) and the mixture-of-experts Qwen3-MoE and Mixtral (sparse
+  feed-forward layers, see experts). Attention is passed in, so the model knows nothing of paging."""
   def __init__(self, hf_config:dict, weights:dict[str, Tensor], max_len:int):
     self.hf_config, self.w, (self.cos, self.sin) = hf_config, weights, rope_tables(hf_config, max_len)
     # vLLM's QKVParallelLinear / MergedColumnParallelLinear: projections of the same input become one matmul. Fewer launches, and a single
     # reduce is what tinygrad's tensor-core path matches (gate and up fused by the scheduler into one two-reduce kernel never used them)
-    for i, (fused, parts) in itertools.product(range(hf_config["num_hidden_layers"]), FUSED.items()):
+    # and a layer's experts are stacked into one (E*rows, cols) matrix per projection, which the expert matmuls index by expert
+    (moe, gate, up, down), E = hf_config["moe_names"], range(hf_config["num_experts"])
+    stacked = {"experts.gate_up": [f"{moe}.experts.{e}.{n}" for e in E for n in (gate, up)], "experts.down": [f"{moe}.experts.{e}.{down}" for e in E]}
+    for i, (fused, parts) in itertools.product(range(hf_config["num_hidden_layers"]), (FUSED | stacked if E else FUSED).items()):
       for kind in ("weight", "bias"):
         if f"model.layers.{i}.{parts[0]}.{kind}" in weights:
           weights[f"model.layers.{i}.{fused}.{kind}"] = Tensor.cat(*[weights.pop(f"model.layers.{i}.{n}.{kind}") for n in parts]).realize()
@@ -93,7 +107,34 @@ class Transformer:
       q, k, v = [t.reshape(N, -1, hd) for t in self.linear(h, p+"self_attn.qkv_proj").split([H*hd, KV*hd, KV*hd], dim=-1)]
       if hf_config["qk_norm"]: q, k = self.norm(q, p+"self_attn.q_norm.weight"), self.norm(k, p+"self_attn.k_norm.weight")
       x = x + self.linear(attention(i, self.rope(q, cos, sin), self.rope(k, cos, sin), v).reshape(N, -1), p+"self_attn.o_proj")
-      gate, up = self.linear(self.norm(x, p+"post_attention_layernorm.weight"), p+"mlp.gate_up_proj").chunk(2, -1)
+      h = self.norm(x, p+"post_attention_layernorm.weight")
+      if i in hf_config["moe_layers"]: x = x + self.experts(h, p); continue
+      gate, up = self.linear(h, p+"mlp.gate_up_proj").chunk(2, -1)
       # contiguous: fused into the down matmul's loads, silu(gate)*up was recomputed for every output tile (measured 2x slower on an H200)
       x = x + self.linear((gate.silu() * up).contiguous(), p+"mlp.down_proj")
     return self.norm(x, "model.norm.weight")
+
+  def experts(self, x:Tensor, p:str) -> Tensor:
+    """The sparse MoE block, exact (every token keeps its k experts; no capacity drops). Small steps gather each token's experts; larger
+    ones are vLLM's fused_moe: the N*k (token, expert) assignments sorted by expert (a counting sort) into tiles of T rows, each tile padded
+    and owned by one expert, so a chosen expert's weights are read once per tile of its tokens, not once per token (256 times at batch 256)."""
+    c, (N, D), arange = self.hf_config, x.shape, Tensor.arange
+    E, k, A, i = c["num_experts"], c["num_experts_per_tok"], N * c["num_experts_per_tok"], arange(c["num_experts"])
+    # router: softmax over all E logits in float32, then the top k (rank = how many experts beat one; ties go to the lower id, as torch.topk's)
+    probs = self.linear(x, p + c["moe_names"][0] + ".gate").float().softmax(-1)
+    rank = ((probs.unsqueeze(-2) > probs.unsqueeze(-1)) | ((probs.unsqueeze(-2) == probs.unsqueeze(-1)) & (i < i.unsqueeze(-1)))).sum(-1)
+    weights = probs.gather(-1, sel := (rank.unsqueeze(1) == arange(k).unsqueeze(-1)).where(i, 0).sum(-1))   # (N, k)
+    if c["norm_topk_prob"]: weights = weights / weights.sum(-1, keepdim=True)
+    # T: the tokens an expert gets on average, from 1 (a row per assignment: the gather) up to 64 (prefill)
+    if (T := min(64, 1 << (max(A // E, 1).bit_length() - 1))) == 1: dest, token, owner = arange(A), arange(A) // k, sel.reshape(A, 1)
+    else:
+      onehot, tiles = sel.flatten().unsqueeze(1) == i, A // T + min(E, A)   # (A, E); tiles: each expert's whole ones and at most one partial
+      ends = (padded := (onehot.sum(0) + T - 1) // T * T).cumsum()   # each expert's rows end where its padded tiles do
+      dest = (onehot * (onehot.cumsum(0) + ends - padded)).sum(1) - 1   # (A,) the row of each assignment
+      token = ((dest == arange(tiles * T).unsqueeze(1)) * (arange(A) // k)).sum(1)   # (tiles*T,) the token at each row (padding: token 0)
+      # each tile's expert, expanded over its rows: tinygrad folds this gather into the matmul's loads, shared by the tile's rows
+      owner = (ends <= arange(tiles).unsqueeze(1) * T).sum(1).minimum(E - 1).reshape(tiles, 1).expand(tiles, T)
+    stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)[owner].transpose(-1, -2)
+    gate, up = (x[token].reshape(-1, T, 1, D) @ stacked("experts.gate_up.weight", -1, D)).chunk(2, -1)
+    y = ((gate.silu() * up).contiguous() @ stacked("experts.down.weight", D, -1)).reshape(-1, D)
+    return (y[dest].reshape(N, k, D) * weights.cast(y.dtype).unsqueeze(-1)).sum(1)
