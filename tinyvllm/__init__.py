@@ -1,4 +1,3 @@
 from tinyvllm.config import Config
 from tinyvllm.sequence import SamplingParams, RequestOutput, CompletionOutput
-from tinyvllm.llm_engine import LLM, LLMEngine, AsyncLLM
-__all__ = ["Config", "SamplingParams", "RequestOutput", "CompletionOutput", "LLM", "LLMEngine", "AsyncLLM"]
+from tinyvllm.llm_engine import LLM, LLMEngine, AsyncLLM   # the public API, as vLLM's
