@@ -90,12 +90,13 @@ def main():
     if run in ("cold", "fresh") and not args.cache_db:   # a new cache.db each
       for suffix in ("", "-wal", "-shm"):
         if os.path.exists(cache_db + suffix): os.remove(cache_db + suffix)
-    print(f"\n## {run} start ({'no' if run == 'cold' else 'the shipped'} cache applied; cache.db {cache_db}), engine {engine}", flush=True)
+    shipped = "not applied" if run == "cold" else "applied if the GPU is sm_90"
+    print(f"\n## {run} start (shipped cache {shipped}; cache.db {cache_db}), engine {engine}", flush=True)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--load-format", load_format, "--engine", json.dumps(engine)]
     cmd += (["--model", model] if model else []) + (["--device", args.device] if args.device else []) + (["--no-shipped"] if run == "cold" else [])
-    out = subprocess.run(cmd, env={**os.environ, "CACHEDB": cache_db}, stdout=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, env={**os.environ, "CACHEDB": cache_db}, capture_output=True, text=True)   # stderr: progress bars
     print("\n".join(line for line in out.stdout.splitlines() if not line.startswith("RESULT ")), flush=True)
-    if out.returncode: sys.exit(f"the {run} start failed (exit {out.returncode})")
+    if out.returncode: sys.exit(f"{out.stderr[-4000:]}\nthe {run} start failed (exit {out.returncode})")
     results[run] = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
   print("\nSUMMARY " + ", ".join(f"{run} {r['ready_s']:.1f} s" for run, r in results.items()) + f" ({next(iter(results.values()))['graphs']} step graphs)")
   if args.config: __import__("shutil").rmtree(os.path.dirname(model), ignore_errors=True)
