@@ -7,10 +7,11 @@ setup(
   long_description=open("README.md", encoding="utf-8").read(),
   long_description_content_type="text/markdown",
   packages=find_packages(include=["tinyvllm", "tinyvllm.*"]),
-  package_data={"tinyvllm": ["stories260K/*"]},  # the bundled default model ships with the package
+  # the bundled default model, and the compiled kernels and BEAM results for sm_90 GPUs that ModelRunner adds to tinygrad's cache.db
+  package_data={"tinyvllm": ["stories260K/*", "tinygrad-cache-sm90.sql.xz"]},
   include_package_data=True,
   python_requires=">=3.10",
-  # tinygrad is pinned: ModelRunner.capture_graphs keeps pickled tinygrad schedules and programs in cache.db, valid for this version only
+  # tinygrad is pinned: ModelRunner keeps pickled tinygrad schedules and programs in cache.db, valid for this version only
   # (moving the pin needs a new table name there, "tinyvllm_caches")
   # llguidance 1.7 is the first whose LLTokenizer takes a list of EOS ids (1.6.1 fails at start-up); tokenizers 0.22 the first whose
   # DecodeStream takes the prompt's ids

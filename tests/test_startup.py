@@ -26,3 +26,21 @@ def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(t
   first, second = start_up(str(tmp_path / "cache.db")), start_up(str(tmp_path / "cache.db"))
   assert first["scheduled_while_capturing"] > 0 and second["scheduled_while_capturing"] == 0
   for run in (first, second): assert run["token_ids"] == CASE["output_token_ids"] and run["text"] == CASE["output_text_in_context"]
+
+def test_the_shipped_cache_only_adds_rows_that_cache_db_lacks(tmp_path):
+  """The shipped sm_90 kernels and BEAM results are SQL that ModelRunner runs on tinygrad's cache.db: it creates the tables it misses and
+  inserts only missing rows, so a row the user's cache holds keeps its value, and applying it again changes nothing."""
+  import lzma, re, sqlite3
+  from tinyvllm.model_runner import SHIPPED_CACHE
+  script = lzma.open(SHIPPED_CACHE, "rt").read()
+  assert not re.search(r"^(CREATE TABLE (?!IF NOT EXISTS)|INSERT (?!OR IGNORE)|REPLACE|UPDATE|DELETE|DROP)", script, re.M)
+  db = sqlite3.connect(tmp_path / "cache.db")
+  db.executescript(script)
+  tables = {name: db.execute(f"SELECT count(*) FROM '{name}'").fetchone()[0] for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+  assert any(name.startswith("compile_cuda_sm_90") for name in tables) and any(name.startswith("beam_search") for name in tables)
+  table = next(name for name in tables if name.startswith("compile_cuda_sm_90"))
+  key = db.execute(f"SELECT key FROM '{table}' LIMIT 1").fetchone()[0]
+  db.execute(f"UPDATE '{table}' SET val = x'00' WHERE key = ?", (key,)); db.commit()   # the user's own binary for that kernel
+  db.executescript(script)
+  assert db.execute(f"SELECT val FROM '{table}' WHERE key = ?", (key,)).fetchone()[0] == b"\x00"
+  assert {name: db.execute(f"SELECT count(*) FROM '{name}'").fetchone()[0] for name in tables} == tables

@@ -1,6 +1,6 @@
-import functools, itertools, typing, logging, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
+import itertools, typing, logging, lzma, os, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
-from tinygrad.helpers import tqdm, diskcache_get, diskcache_put
+from tinygrad.helpers import tqdm, diskcache_get, diskcache_put, db_connection, CACHELEVEL
 from tinyvllm.config import Config
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.attention import words, kv_write, paged_attention
@@ -8,40 +8,54 @@ from tinyvllm.sampler import sample, logprobs
 from tinyvllm.sequence import Sequence
 
 log = logging.getLogger("tinyvllm")
-# A step's inputs travel to the device as one int32 buffer (one copy per step): rows of N per-token values, the block-table rows of the
-# step's R sampling sequences (R = min(N, max_num_seqs)), then rows of R per-sample values (temperatures, top_p and min_p as float32 bits).
+# A step's inputs travel to the device as one int32 buffer (one copy per step): the block-table rows of the step's R sampling sequences
+# (R = min(N, max_num_seqs)), rows of R per-sample values (temperatures, top_p and min_p as float32 bits), then rows of N per-token values.
+# What the sampler reads comes first, so it lies where it lies for every token count N of that R: one sampler graph serves them all.
 TOKEN_ROWS = ("tokens", "positions", "slots", "token_seq", "cached_lens")
 SAMPLE_ROWS = ("logits_idx", "seeds", "out_positions", "top_k", "temperatures", "top_p", "min_p")
 
 def step_layout(num_tokens:int, num_rows:int, max_blocks:int) -> dict[str, slice]:
   """Where each input lives in the step buffer: the one layout both the packing (host) and the unpacking (graph) read."""
-  sizes = {**dict.fromkeys(TOKEN_ROWS, num_tokens), "block_tables": num_rows * max_blocks, **dict.fromkeys(SAMPLE_ROWS, num_rows)}
+  sizes = {"block_tables": num_rows * max_blocks, **dict.fromkeys(SAMPLE_ROWS, num_rows), **dict.fromkeys(TOKEN_ROWS, num_tokens)}
   return {name: slice(end - size, end) for (name, size), end in zip(sizes.items(), itertools.accumulate(sizes.values()))}
+
+# tinygrad schedules and lowers every kernel anew in each process (those caches live in memory): kept in its cache.db beside the compiled
+# binaries, by device and model shape, an earlier start-up's work is not done again (warm start-up, CPU, bundled model: 86-91 -> 17 s;
+# H100, Llama-3.2-1B shape: 97-112 -> 19-22 s). They are pickled tinygrad objects: see setup.py's pin
+STORED_CACHES = (tinygrad.schedule.schedule_cache, tinygrad.codegen.to_program_cache)
+# the compiled kernels and BEAM results of the benchmark engines on an H100 (scripts/build_cache.py makes it), as SQL that adds to tinygrad's
+# cache.db only the rows it lacks (CREATE TABLE IF NOT EXISTS, INSERT OR IGNORE): nothing the user's own cache holds is ever overwritten
+SHIPPED_CACHE = os.path.join(os.path.dirname(__file__), "tinygrad-cache-sm90.sql.xz")
 
 class ModelRunner:
   """Turns a scheduled batch into one forward pass over the flattened tokens of all its sequences (prefill chunks and decodes alike),
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs)."""
   def __init__(self, config:Config, model_dir:str):
-    self.config, self.device = config, Device.DEFAULT; self.hf_config = hf_config = read_config(model_dir)
+    self.config, self.device, start = config, Device.DEFAULT, time.perf_counter()
+    self.hf_config = hf_config = read_config(model_dir)
+    # on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
+    if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
+    # before the weights: the kernels that load them are in the stored caches too
+    for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {hf_config}") or ()): cache.update(stored)
     self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
-    log.info("loading %s on %s in %s", model_dir, self.device, self.dtype)
     weights = load_weights(model_dir, hf_config, self.dtype, dummy=config.load_format == "dummy")
     self.model = Transformer(hf_config, weights, self.max_model_len)
+    log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
     enough = config.max_num_seqs * self.max_model_len // block_size * bytes_per_block / 1e9
     kv_gb = config.kv_cache_memory if config.kv_cache_memory is not None else self.default_kv_gb(enough)
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1)
     self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)   # one sequence must always fit, or preemption can't help
-    log.info("KV cache: %d tokens in %d blocks, %.2f GB", self.num_blocks * block_size, self.num_blocks, self.num_blocks * bytes_per_block / 1e9)
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
     self.kv = [[words(Tensor.zeros(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
+    log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
     self.max_blocks = -(-self.max_model_len // block_size)
     top = max(config.max_num_batched_tokens, config.max_num_seqs); self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
-    size = lambda bucket: max(where.stop for where in step_layout(bucket, min(bucket, config.max_num_seqs), self.max_blocks).values())
-    # each token bucket's step inputs on the device, overwritten by one plain copy per launch (see prepare)
-    self.step_buffers = {bucket: Tensor.zeros(size(bucket), dtype=dtypes.int32).contiguous().realize() for bucket in self.buckets}
-    # TinyJit graphs by (graph, token bucket), all-ones grammar masks by row count, and llguidance's thread pool
+    # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket (top >= max_num_seqs rows): each
+    # launch overwrites the part its bucket uses (see prepare)
+    self.step_buffer = Tensor(np.zeros(top * len(TOKEN_ROWS) + config.max_num_seqs * (self.max_blocks + len(SAMPLE_ROWS)), np.int32)).realize()
+    # TinyJit graphs (the model's by token bucket, the sampler's by row count), all-ones grammar masks by row count, llguidance's thread pool
     self.graphs, self.no_grammar, self.grammar_pool = {}, {}, llguidance.LLExecutor()
 
   def pick_dtype(self, hf_config:dict):
@@ -71,11 +85,12 @@ class ModelRunner:
     # only the rows that sample need the LM head
     return self.model.logits(self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]])
 
-  def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, num_tokens:int, num_rows:int, with_logprobs:bool) -> Tensor:
+  def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, with_logprobs:bool) -> Tensor:
     """Sampling is a graph of its own in three variants, all captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
     several passes over the vocabulary, and logprobs (with filters) many more, so a batch whose requests use none of them runs the plain
-    one. Returns a row per sampled token: the token, then its logprobs where asked."""
-    inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
+    one. It reads the logits' rows and no per-token input: one graph serves every token bucket with that many rows. Returns a row per
+    sampled token: the token, then its logprobs where asked."""
+    inputs = {name: step_buffer[where] for name, where in step_layout(0, logits.shape[0], self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
     tokens = sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters)
@@ -94,9 +109,9 @@ class ModelRunner:
     temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T; total = int(num_new.sum())
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
     layout = step_layout(num_tokens, num_rows := min(num_tokens, self.config.max_num_seqs), self.max_blocks)
-    step_buffer = np.zeros(self.step_buffers[num_tokens].shape[0], np.int32)
+    packed = np.zeros(max(where.stop for where in layout.values()), np.int32)
     # rows are views: writing a row writes the buffer
-    rows = {name: step_buffer[where] for name, where in layout.items()}; block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
+    rows = {name: packed[where] for name, where in layout.items()}; block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
     block_tables[:len(batch)][np.arange(self.max_blocks) < num_blocks[:, None]] = list(itertools.chain(*(s.block_table for s, _ in batch)))
     seq_of_token = np.repeat(np.arange(len(batch)), num_new)
     positions = np.arange(total) - np.repeat(np.cumsum(num_new) - num_new, num_new) + num_cached[seq_of_token]
@@ -110,20 +125,19 @@ class ModelRunner:
     for name, values in per_sample.items(): rows[name][:len(sampled)] = values[sampling]
     with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
     filtered = filtered or with_logprobs or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
-    def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
-      fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)
+    def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit over the step buffer; the sizes (ints) are baked in at capture
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load): prune
       # moves the graph's constant kernels (aranges) out to run once at capture
-      if (jit := self.graphs.get(key := (graph, num_tokens))) is None: jit = self.graphs[key] = TinyJit(fxn, prune=True); jit.cnt = 1
-      return fxn(*args) if self.config.enforce_eager else jit(*args)
+      if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn, prune=True); jit.cnt = 1
+      return (fxn if self.config.enforce_eager else jit)(self.step_buffer, *args, **sizes)
     def launch() -> Tensor:
       rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int, total)
-      # one host-to-device copy into the bucket's input buffer: a Tensor made of the array would go through tinygrad's scheduler inside
-      # the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36; BENCHMARKS.md)
-      (device_buffer := (buffer := self.step_buffers[num_tokens]).uop.buffer).allocator._copyin(device_buffer._buf, memoryview(step_buffer).cast("B"))
-      logits = call(("model",), self.forward, buffer)
-      return call(("sampler", filtered, with_logprobs), functools.partial(self.sample, with_logprobs=with_logprobs), buffer, logits,
-                  *([self.grammar_masks(sampled, num_rows)] if filtered else []))
+      # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
+      # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
+      (dev := self.step_buffer.uop.buffer).allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
+      logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
+      return call(("sampler", filtered, with_logprobs, num_rows), self.sample, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []),
+                  with_logprobs=with_logprobs)
     return launch, sampled
 
   def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
@@ -139,12 +153,10 @@ class ModelRunner:
   def capture_graphs(self):
     """Capture every step graph before serving, so no request pays for compiling or capturing one. BEAM, when asked for, tunes only the
     decode-sized graphs."""
-    # tinygrad schedules and lowers every kernel anew in each process (those caches live in memory): kept in its cache.db beside the
-    # compiled binaries, by device and model shape, an earlier start-up's work is not done again (warm start-up, CPU, bundled model:
-    # 86-91 -> 17 s; H100, Llama-3.2-1B shape: 97-112 -> 19-22 s). They are pickled tinygrad objects: see setup.py's pin
-    caches = (tinygrad.schedule.schedule_cache, tinygrad.codegen.to_program_cache)
-    for cache, stored in zip(caches, diskcache_get("tinyvllm_caches", key := f"{self.device} {self.hf_config}") or ()): cache.update(stored)
-    sizes = [len(cache) for cache in caches]   # written back only if this start-up added to them: pickling ~40 MB takes seconds
+    start, sizes = time.perf_counter(), list(map(len, STORED_CACHES))
     for num_tokens, variant in tqdm(list(itertools.product(self.buckets, ((0, 0), (1, 0), (1, 1)))), desc="capturing step graphs"):
       with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.prepare([], num_tokens, *variant)[0]()
-    if [len(cache) for cache in caches] != sizes: diskcache_put("tinyvllm_caches", key, tuple(map(dict, caches)))
+    # how many kernels it lowered and compiled says whether cache.db held them
+    log.info("captured %d step graphs in %.1f s: %d kernels lowered", len(self.graphs), time.perf_counter() - start, len(STORED_CACHES[1]) - sizes[1])
+    # written back only if this start-up added to them: pickling ~40 MB takes seconds
+    if list(map(len, STORED_CACHES)) != sizes: diskcache_put("tinyvllm_caches", f"{self.device} {self.hf_config}", tuple(map(dict, STORED_CACHES)))
