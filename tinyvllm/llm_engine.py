@@ -26,7 +26,7 @@ class LLMEngine:
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
     self.requests: dict[str, list[Sequence]] = {}
-    self.in_flight = ([], None)   # the launched step: its sampling sequences and the tokens they get, still on the GPU
+    self.in_flight = ([], None)   # the launched step: the sequence of each row it samples and the tokens they get, still on the GPU
     self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
     if not config.enforce_eager: self.runner.capture_graphs()
 
@@ -67,9 +67,9 @@ class LLMEngine:
     batch, (seqs, sampled) = self.scheduler.schedule(), self.in_flight
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
-      self.scheduler.receive(seqs, tokens := sampled.tolist()[:len(seqs)] if seqs else [])
+      kept = self.scheduler.receive(seqs, sampled.tolist()[:len(seqs)] if seqs else [])
       self.in_flight = (sampling, launch())
-      outputs = self.scheduler.postprocess(seqs, tokens)
+      outputs = self.scheduler.postprocess(kept)
       self.scheduler.advance(batch)
     except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)
@@ -94,7 +94,8 @@ class LLMEngine:
     return {"num_running": len(running), "num_waiting": len({s.request_id for s in sch.waiting} - running), "num_blocks": bm.num_blocks,
             "num_free_blocks": bm.num_free, "kv_cache_usage": 1 - bm.num_free / bm.num_blocks, "prefix_cache_queries": bm.queries,
             "prefix_cache_hits": bm.hits, "num_preemptions": sch.num_preemptions, "prompt_tokens": sch.num_prompt_tokens,
-            "generation_tokens": sch.num_generation_tokens}
+            "generation_tokens": sch.num_generation_tokens, "spec_decode_num_drafts": sch.num_drafts,
+            "spec_decode_num_draft_tokens": sch.num_draft_tokens, "spec_decode_num_accepted_tokens": sch.num_accepted_tokens}
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""

@@ -9,7 +9,8 @@ from tinyvllm.sequence import Sequence
 
 log = logging.getLogger("tinyvllm")
 # A step's inputs travel to the device as one int32 buffer (one copy per step): rows of N per-token values, the block-table rows of the
-# step's R sampling sequences (R = min(N, max_num_seqs)), then rows of R per-sample values (temperatures, top_p and min_p as float32 bits).
+# step's R sampled rows, then rows of R per-sample values (temperatures, top_p and min_p as float32 bits). A sequence samples one row, and
+# one more per draft it verifies (speculative decoding): R = min(N, max_num_seqs * (1 + speculative_ngram)).
 TOKEN_ROWS = ("tokens", "positions", "slots", "token_seq", "cached_lens")
 SAMPLE_ROWS = ("logits_idx", "seeds", "out_positions", "top_k", "temperatures", "top_p", "min_p")
 
@@ -41,8 +42,8 @@ class ModelRunner:
     self.kv = [[words(Tensor.zeros(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     self.max_blocks = -(-self.max_model_len // block_size)
     top = max(config.max_num_batched_tokens, config.max_num_seqs)
-    self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
-    size = lambda bucket: max(where.stop for where in step_layout(bucket, min(bucket, config.max_num_seqs), self.max_blocks).values())
+    self.buckets, self.max_rows = sorted({min(2**i, top) for i in range(top.bit_length() + 1)}), config.max_num_seqs * (1 + config.speculative_ngram)
+    size = lambda bucket: max(where.stop for where in step_layout(bucket, min(bucket, self.max_rows), self.max_blocks).values())
     # each token bucket's step inputs on the device, overwritten by one plain copy per launch (see prepare)
     self.step_buffers = {bucket: Tensor.zeros(size(bucket), dtype=dtypes.int32).contiguous().realize() for bucket in self.buckets}
     # TinyJit graphs by (graph, token bucket), all-ones grammar masks by row count, and llguidance's thread pool
@@ -96,7 +97,7 @@ class ModelRunner:
     temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T
     total = int(num_new.sum())
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
-    layout = step_layout(num_tokens, num_rows := min(num_tokens, self.config.max_num_seqs), self.max_blocks)
+    layout = step_layout(num_tokens, num_rows := min(num_tokens, self.max_rows), self.max_blocks)
     step_buffer = np.zeros(self.step_buffers[num_tokens].shape[0], np.int32)
     rows = {name: step_buffer[where] for name, where in layout.items()}   # views: writing a row writes the buffer
     block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
@@ -106,11 +107,12 @@ class ModelRunner:
     rows["positions"][:total], rows["token_seq"][:total], rows["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
     rows["slots"][:] = -1   # padding tokens write nowhere
     rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    sampling = num_cached + num_new == length   # sequences whose last token is computed sample one
-    per_sample = {"logits_idx": np.cumsum(num_new) - 1, "seeds": seed, "out_positions": length, "temperatures": temperature,
-                  "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p, "min_p": min_p}
-    sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
-    for name, values in per_sample.items(): rows[name][:len(sampled)] = values[sampling]
+    # a row samples the token after each computed token from a sequence's last one on: that one (its prompt is done) and its drafts
+    row_seq = seq_of_token[logits_idx := np.flatnonzero(positions >= (length - 1)[seq_of_token])]
+    sampled = [batch[i][0] for i in row_seq]
+    per_sample = {"logits_idx": logits_idx, "seeds": seed[row_seq], "out_positions": positions[logits_idx] + 1, "temperatures": temperature[row_seq],
+                  "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size)[row_seq], "top_p": top_p[row_seq], "min_p": min_p[row_seq]}
+    for name, values in per_sample.items(): rows[name][:len(sampled)] = values
     filtered = filtered or any(seq.matcher or seq.params.top_k > 0 or seq.params.top_p < 1 or seq.params.min_p > 0 for seq in sampled)
     def call(graph:tuple, fxn, *args):   # each (graph, token bucket) pair is a TinyJit graph
       fxn = functools.partial(fxn, num_tokens=num_tokens, num_rows=num_rows)
@@ -119,7 +121,7 @@ class ModelRunner:
       if (jit := self.graphs.get(key := (graph, num_tokens))) is None: jit = self.graphs[key] = TinyJit(fxn, prune=True); jit.cnt = 1
       return fxn(*args) if self.config.enforce_eager else jit(*args)
     def launch() -> Tensor:
-      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int, total)
+      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] + s.drafts for s, k in batch)), int)
       # one host-to-device copy into the bucket's input buffer: a Tensor made of the array would go through tinygrad's scheduler inside
       # the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36; BENCHMARKS.md)
       (device_buffer := (buffer := self.step_buffers[num_tokens]).uop.buffer).allocator._copyin(device_buffer._buf, memoryview(step_buffer).cast("B"))

@@ -34,7 +34,8 @@ SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop
 METRICS = {"vllm:num_requests_running": "num_running", "vllm:num_requests_waiting": "num_waiting", "vllm:kv_cache_usage_perc": "kv_cache_usage",
            "vllm:prefix_cache_queries_total": "prefix_cache_queries", "vllm:prefix_cache_hits_total": "prefix_cache_hits",
            "vllm:num_preemptions_total": "num_preemptions", "vllm:prompt_tokens_total": "prompt_tokens",
-           "vllm:generation_tokens_total": "generation_tokens", "tinyvllm:num_blocks": "num_blocks", "tinyvllm:num_free_blocks": "num_free_blocks"}
+           "vllm:generation_tokens_total": "generation_tokens", "tinyvllm:num_blocks": "num_blocks", "tinyvllm:num_free_blocks": "num_free_blocks",
+           **{f"vllm:{key}_total": key for key in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")}}
 # vLLM's latency histograms (vllm:NAME_seconds) and bucket edges, so its Grafana dashboards read them unchanged
 HISTOGRAMS = {
   "time_to_first_token": [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560],
