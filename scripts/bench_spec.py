@@ -46,14 +46,16 @@ def requests(workload:str) -> list[list[dict]]:
                                         f"\"{new}\". Write only the paragraph.\n\n{text}"}] for text, old, new in PARAGRAPHS]
   return [[{"role": "user", "content": f"Write a short story about {topic}."}] for topic in TOPICS]
 
-def timed(llm, prompt_ids:list[int], params:SamplingParams) -> tuple[list[int], list[float]]:
-  """One request alone through the engine: its token ids and the time each arrived."""
-  eng, ids, times = llm.engine, [], []
+def timed(llm, prompt_ids:list[int], params:SamplingParams) -> tuple[list[int], list[float], int]:
+  """One request alone through the engine: its token ids, the time each arrived, and the engine steps it took (a speculating sequence
+  sits out the step after each verification, and one it waits for its last token in)."""
+  eng, ids, times, steps = llm.engine, [], [], 0
   eng.add_request(prompt_ids, params)
   while eng.has_unfinished():
+    steps += 1
     for out in eng.step():
       for o in out.outputs: ids += o.token_ids; times += [time.perf_counter()] * len(o.token_ids)
-  return ids, times
+  return ids, times, steps
 
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,13 +84,14 @@ def main():
     prompts = [eng.tokenizer.encode_chat(messages) for messages in requests(workload)]
     for temperature in map(float, args.temperatures.split(",")):
       params = [SamplingParams(temperature=temperature, seed=i, max_tokens=args.max_tokens) for i in range(len(prompts))]
-      rates, outputs, stats = {0: [], k: []}, {0: [], k: []}, {}
+      rates, outputs, stats, steps = {0: [], k: []}, {0: [], k: []}, {}, {0: 0, k: 0}
       for rep in range(args.repeats + 1):
         for prompt, sp in zip(prompts, params):
           for spec in (0, k):
             eng.config.speculative_ngram, before = spec, eng.stats()
-            ids, times = timed(llm, prompt, sp)
+            ids, times, num_steps = timed(llm, prompt, sp)
             if rep == 0: continue   # warm-up: graphs replayed once, caches filled
+            steps[spec] += num_steps / args.repeats
             if len(ids) > 1: rates[spec].append((len(ids) - 1) / (times[-1] - times[0]))
             if rep == 1: outputs[spec].append(ids)
             for key, v in eng.stats().items():
@@ -98,7 +101,8 @@ def main():
       same = sum(a == b for a, b in zip(outputs[0], outputs[k]))
       print(f"{workload} T={temperature:g}: batch-1 decode {off:.1f} tok/s without, {on:.1f} with K={k} ({on / off:.2f}x); {drafts} "
             f"verifications, {proposed} draft tokens, {accepted} accepted ({accepted / max(proposed, 1):.0%}, {accepted / max(drafts, 1):.2f} "
-            f"per verification); mean output {statistics.mean(map(len, outputs[0])):.0f} tokens; identical outputs {same}/{len(prompts)}")
+            f"per verification); engine steps {steps[0]:.0f} without, {steps[k]:.0f} with, for {sum(map(len, outputs[0]))} tokens; identical outputs "
+            f"{same}/{len(prompts)}")
       print(f"SUMMARY | {name} | {eng.device} | {workload} T={temperature:g} | {off:.1f} tok/s | K={k}: {on:.1f} tok/s | {on / off:.2f}x | "
             f"acceptance {accepted / max(proposed, 1):.0%} | identical {same}/{len(prompts)} |")
 

@@ -107,7 +107,7 @@ class ModelRunner:
     rows["positions"][:total], rows["token_seq"][:total], rows["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
     rows["slots"][:] = -1   # padding tokens write nowhere
     rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    # a row samples the token after each computed token from a sequence's last one on: that one (its prompt is done) and its drafts
+    # a row samples after each token from a sequence's last known one on: after its last (once its prompt is done) and after each draft
     row_seq = seq_of_token[logits_idx := np.flatnonzero(positions >= (length - 1)[seq_of_token])]
     sampled = [batch[i][0] for i in row_seq]
     per_sample = {"logits_idx": logits_idx, "seeds": seed[row_seq], "out_positions": positions[logits_idx] + 1, "temperatures": temperature[row_seq],

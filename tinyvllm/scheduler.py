@@ -64,9 +64,9 @@ class Scheduler:
 
   def receive(self, seqs:list[Sequence], tokens:list[int]) -> list[tuple[Sequence, int, int]]:
     """A step's tokens replace their placeholders before the next step's launch, which reads them (and their grammars' masks). A
-    verifying sequence has one row per draft and one after them, in order: a row's token is kept if every draft before it was equal
-    to the token sampled before that draft; the first draft that differs gives back its slots and ends the sequence's rows. Returns
-    (sequence, token, the sequence's length with it) for each token kept."""
+    verifying sequence's rows sampled after its last token and after each draft, in order: a draft equal to the token sampled at its
+    position is kept, and the next row's token follows it; the first that differs is replaced by that token, which ends the sequence's
+    rows, and gives back its slots and those after it. Returns (sequence, token, the sequence's length with it) for each token kept."""
     kept = []
     # not a sequence the step before stopped; rows past a sequence's first wrong draft find no placeholder
     for seq, token in ((seq, token) for seq, token in zip(seqs, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1):
