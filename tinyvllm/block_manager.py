@@ -55,10 +55,12 @@ class BlockManager:
       seq.block_hashes.append(h := block_hash(seq.block_hashes[-1] if j else b"", seq.token_ids[j*bs:(j+1)*bs]))
       if h not in self.cached: self.cached[h], self.hash_of[seq.block_table[j]] = seq.block_table[j], h
 
-  def free_blocks(self, seq:Sequence):
-    for b in reversed(seq.block_table):   # a sequence's tail is the least likely to be shared again, so it is reused first
+  def free_blocks(self, seq:Sequence, num_tokens:int=0):
+    """Give back the blocks past seq's first num_tokens tokens: all of them, or the slots of drafts that failed verification."""
+    # a sequence's tail is the least likely to be shared again, so it is reused first
+    for b in reversed(seq.block_table[(keep := -(-num_tokens // self.block_size)):]):
       self.ref[b] -= 1
       if self.ref[b] == 0:
         self.free[b] = None
         if b not in self.hash_of: self.free.move_to_end(b, last=False)   # uncached blocks are reused before cached ones
-    seq.block_table, seq.num_computed_tokens = [], 0
+    seq.block_table, seq.num_computed_tokens = seq.block_table[:keep], num_tokens

@@ -65,9 +65,9 @@ class LLMEngine:
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
       rows = sampled.numpy()[:len(seqs)] if seqs else np.zeros((0, 1), np.int32)   # a row per token: it, then its logprobs where asked
-      self.scheduler.receive(seqs, tokens := rows[:, 0].tolist())
+      kept = self.scheduler.receive(seqs, rows)
       self.in_flight = (sampling, launch())
-      outputs = self.scheduler.postprocess(seqs, tokens, rows)
+      outputs = self.scheduler.postprocess(kept)
       self.scheduler.advance(batch)
     except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)

@@ -8,9 +8,10 @@ from tinyvllm.sampler import sample, logprobs
 from tinyvllm.sequence import Sequence
 
 log = logging.getLogger("tinyvllm")
-# A step's inputs travel to the device as one int32 buffer (one copy per step): the block-table rows of the step's R sampling sequences
-# (R = min(N, max_num_seqs)), rows of R per-sample values (temperatures, top_p and min_p as float32 bits), then rows of N per-token values.
-# What the sampler reads comes first, so it lies where it lies for every token count N of that R: one sampler graph serves them all.
+# A step's inputs travel to the device as one int32 buffer (one copy per step): the block-table rows of the step's R sampled rows, rows of
+# R per-sample values (temperatures, top_p and min_p as float32 bits), then rows of N per-token values. A sequence samples one row, and one
+# more per draft it verifies (speculative decoding): R = min(N, max_num_seqs * (1 + speculative_ngram)). What the sampler reads comes
+# first, so it lies where it lies for every token count N of that R: one sampler graph serves them all.
 TOKEN_ROWS = ("tokens", "positions", "slots", "token_seq", "cached_lens")
 SAMPLE_ROWS = ("logits_idx", "seeds", "out_positions", "top_k", "temperatures", "top_p", "min_p")
 
@@ -52,9 +53,10 @@ class ModelRunner:
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
     self.max_blocks = -(-self.max_model_len // block_size)
     top = max(config.max_num_batched_tokens, config.max_num_seqs); self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
-    # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket (top >= max_num_seqs rows): each
-    # launch overwrites the part its bucket uses (see prepare)
-    self.step_buffer = Tensor(np.zeros(top * len(TOKEN_ROWS) + config.max_num_seqs * (self.max_blocks + len(SAMPLE_ROWS)), np.int32)).realize()
+    self.max_rows = min(top, config.max_num_seqs * (1 + config.speculative_ngram))   # a row samples per sequence, and per draft
+    # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
+    # its bucket uses (see prepare)
+    self.step_buffer = Tensor(np.zeros(top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS)), np.int32)).realize()
     # TinyJit graphs (the model's by token bucket, the sampler's by row count), all-ones grammar masks by row count, llguidance's thread pool
     self.graphs, self.no_grammar, self.grammar_pool = {}, {}, llguidance.LLExecutor()
 
@@ -108,7 +110,7 @@ class ModelRunner:
     floats = [(s.params.temperature, s.params.top_p, s.params.min_p) for s, _ in batch]   # they travel as float32 bits
     temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T; total = int(num_new.sum())
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
-    layout = step_layout(num_tokens, num_rows := min(num_tokens, self.config.max_num_seqs), self.max_blocks)
+    layout = step_layout(num_tokens, num_rows := min(num_tokens, self.max_rows), self.max_blocks)
     packed = np.zeros(max(where.stop for where in layout.values()), np.int32)
     # rows are views: writing a row writes the buffer
     rows = {name: packed[where] for name, where in layout.items()}; block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
@@ -118,11 +120,13 @@ class ModelRunner:
     rows["positions"][:total], rows["token_seq"][:total], rows["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
     # padding tokens write nowhere
     rows["slots"][:] = -1; rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    sampling = num_cached + num_new == length   # sequences whose last token is computed sample one
-    per_sample = {"logits_idx": np.cumsum(num_new) - 1, "seeds": seed, "out_positions": length, "temperatures": temperature,
-                  "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size), "top_p": top_p, "min_p": min_p}
-    sampled = [seq for (seq, _), samples in zip(batch, sampling) if samples]
-    for name, values in per_sample.items(): rows[name][:len(sampled)] = values[sampling]
+    # a row samples after each token from a sequence's last known one on: after its last (once its prompt is done) and after each draft
+    row_seq = seq_of_token[logits_idx := np.flatnonzero(positions >= (length - 1)[seq_of_token])]
+    top_k = np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size)
+    per_row = {"logits_idx": logits_idx, "out_positions": positions[logits_idx] + 1} | {name: values[row_seq] for name, values in
+               (("seeds", seed), ("temperatures", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}
+    for name, values in per_row.items(): rows[name][:len(row_seq)] = values
+    sampled = [batch[i][0] for i in row_seq]
     with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
     filtered = filtered or with_logprobs or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
     def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit over the step buffer; the sizes (ints) are baked in at capture
@@ -131,7 +135,7 @@ class ModelRunner:
       if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn, prune=True); jit.cnt = 1
       return (fxn if self.config.enforce_eager else jit)(self.step_buffer, *args, **sizes)
     def launch() -> Tensor:
-      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int, total)
+      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] + s.drafts for s, k in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
       (dev := self.step_buffer.uop.buffer).allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))

@@ -69,7 +69,8 @@ class Sequence:
     self.request_id, self.index, self.parent, self.params, self.status, self.finish_reason = request_id, index, parent, params, Status.WAITING, None
     # the prompt list is shared by siblings, not copied
     self.prompt_token_ids, self.token_ids, self.num_prompt_tokens = prompt_ids, list(prompt_ids), len(prompt_ids)
-    self.num_computed_tokens, self.seed, self.block_table = 0, seed, []   # block_table: its KV blocks, in order
+    # block_table: its KV blocks, in order; drafts: tokens proposed after its last one, verified in the step that computes them
+    self.num_computed_tokens, self.seed, self.block_table, self.drafts = 0, seed, [], []
     self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
     self.held_text, self.detok = "", None   # detokenized text not yet emitted (it may start a stop string); its detokenizer
     # llguidance's state of its grammar (structured outputs); the sum of its logprobs
