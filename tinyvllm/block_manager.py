@@ -41,12 +41,10 @@ class BlockManager:
     seq.block_hashes = [self.hash_of[b] for b in shared] if all(b in self.hash_of for b in shared) else []
     self.queries, self.hits = self.queries + len(seq), self.hits + seq.num_computed_tokens; return True
 
-  def can_append(self, seq:Sequence, num_tokens:int) -> bool:
-    return -(-(seq.num_computed_tokens + num_tokens) // self.block_size) - len(seq.block_table) <= self.num_free
-
-  def append(self, seq:Sequence, num_tokens:int):
-    """Grow the block table on demand so the next num_tokens tokens have slots."""
-    while len(seq.block_table) * self.block_size < seq.num_computed_tokens + num_tokens: seq.block_table.append(self._take())
+  def append(self, seq:Sequence, num_tokens:int) -> bool:
+    """Grow the block table on demand so the next num_tokens tokens have slots; False, taking nothing, if too few blocks are free."""
+    if (need := -(-(seq.num_computed_tokens + num_tokens) // self.block_size) - len(seq.block_table)) > self.num_free: return False
+    seq.block_table += [self._take() for _ in range(need)]; return True
 
   def commit(self, seq:Sequence):
     """Register blocks that became full this step; only now is their KV in the pool, so only now may others share them."""

@@ -1,5 +1,4 @@
 import asyncio, dataclasses, gc, logging, os, queue, random, threading, time, uuid
-import numpy as np
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
@@ -26,8 +25,9 @@ class LLMEngine:
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
-    self.requests: dict[str, list[Sequence]] = {}   # request id -> its sequences (n of them for n > 1)
-    self.in_flight = ([], None)   # the launched step: its sampling sequences and the tokens they get, still on the GPU
+    # requests: request id -> its sequences (n of them for n > 1); in_flight: the launched step's sampling sequences and the tokens they
+    # get, still on the GPU
+    self.requests, self.in_flight = {}, ([], None)
     self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
     if not config.enforce_eager: self.runner.capture_graphs()
 
@@ -53,7 +53,7 @@ class LLMEngine:
     return request_id
 
   def abort(self, request_id:str):
-    for seq in self.requests.pop(request_id, []): self.scheduler.finish(seq, "abort")
+    for seq in self.requests.pop(request_id, []): self.scheduler.finish(seq)
 
   def has_unfinished(self) -> bool: return bool(self.requests)
 
@@ -64,8 +64,7 @@ class LLMEngine:
     batch, (seqs, sampled) = self.scheduler.schedule(), self.in_flight
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
-      rows = sampled.numpy()[:len(seqs)] if seqs else np.zeros((0, 1), np.int32)   # a row per token: it, then its logprobs where asked
-      kept = self.scheduler.receive(seqs, rows)
+      kept = self.scheduler.receive(seqs, sampled.numpy()[:len(seqs)] if seqs else [])   # a row per token: it, then its logprobs where asked
       self.in_flight = (sampling, launch())
       outputs = self.scheduler.postprocess(kept)
       self.scheduler.advance(batch)
@@ -79,11 +78,11 @@ class LLMEngine:
 
   def request_output(self, request_id:str, deltas:list[CompletionOutput]) -> RequestOutput:
     seqs = self.requests[request_id]
-    if not all(s.status == Status.FINISHED for s in seqs): return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas)
-    del self.requests[request_id]
-    metrics = {"arrival_time": seqs[0].arrival_time, "first_token_time": min(s.first_token_time for s in seqs),
-               "finish_time": max(s.finish_time for s in seqs)}
-    return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, True, metrics)   # vLLM's RequestMetrics: the latency histograms' times
+    if finished := all(s.status == Status.FINISHED for s in seqs): del self.requests[request_id]
+    # vLLM's RequestMetrics: the latency histograms' times
+    metrics = dict(arrival_time=seqs[0].arrival_time, first_token_time=min(s.first_token_time for s in seqs),
+                   finish_time=max(s.finish_time for s in seqs)) if finished else {}
+    return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, finished, metrics)
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
@@ -121,11 +120,11 @@ class AsyncLLM:
   """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop.
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
-    self.engine, self.work, self.inbox, self.healthy = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True
+    # queues: request id -> (the event loop of its caller, the queue its outputs go to)
+    self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped
     gc.collect(); gc.freeze()
-    self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
     threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
   def loop(self):
