@@ -48,17 +48,14 @@ class BlockManager:
 
   def commit(self, seq:Sequence):
     """Register blocks that became full this step; only now is their KV in the pool, so only now may others share them."""
-    while self.caching and len(seq.block_hashes) < seq.num_computed_tokens // self.block_size:
-      j, bs = len(seq.block_hashes), self.block_size
-      seq.block_hashes.append(h := block_hash(seq.block_hashes[-1] if j else b"", seq.token_ids[j*bs:(j+1)*bs]))
+    for j in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size if self.caching else 0):
+      seq.block_hashes.append(h := block_hash(seq.block_hashes[-1] if j else b"", seq.token_ids[j*self.block_size:(j+1)*self.block_size]))
       if h not in self.cached: self.cached[h], self.hash_of[seq.block_table[j]] = seq.block_table[j], h
 
   def free_blocks(self, seq:Sequence, num_tokens:int=0):
     """Give back the blocks past seq's first num_tokens tokens: all of them, or the slots of drafts that failed verification."""
     # a sequence's tail is the least likely to be shared again, so it is reused first
     for b in reversed(seq.block_table[(keep := -(-num_tokens // self.block_size)):]):
-      self.ref[b] -= 1
-      if self.ref[b] == 0:
-        self.free[b] = None
-        if b not in self.hash_of: self.free.move_to_end(b, last=False)   # uncached blocks are reused before cached ones
+      self.ref[b] -= 1   # a freed block goes to the back of the free list if it is cached, to the front if not (reused first)
+      if self.ref[b] == 0: self.free[b] = None; self.free.move_to_end(b, last=b in self.hash_of)
     seq.block_table, seq.num_computed_tokens = seq.block_table[:keep], num_tokens

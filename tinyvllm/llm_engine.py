@@ -49,8 +49,7 @@ class LLMEngine:
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31); parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
     seqs = [parent] + [Sequence(request_id, ids, params, i, parent, (seed + i) & 0x7fffffff) for i in range(1, params.n)]
     for seq in seqs: seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
-    self.requests[request_id] = seqs; self.scheduler.waiting.extend(seqs)
-    return request_id
+    self.requests[request_id] = seqs; self.scheduler.waiting.extend(seqs); return request_id
 
   def abort(self, request_id:str):
     for seq in self.requests.pop(request_id, []): self.scheduler.finish(seq)
@@ -95,10 +94,10 @@ class LLM:
     params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
     if len(params) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
     prompt_ids = [self.engine.check(prompt, sp)[0] for prompt, sp in zip(prompts, params)]   # all of them, before any is queued
-    request_ids = [self.engine.add_request(ids, sp) for ids, sp in zip(prompt_ids, params)]
-    results = {rid: RequestOutput(rid, ids, [CompletionOutput(i, "", []) for i in range(sp.n)])
-               for rid, ids, sp in zip(request_ids, prompt_ids, params)}
-    bar, start, num_tokens = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
+    # each request queued, with an empty output per sequence that its deltas are added to
+    results = {(rid := self.engine.add_request(ids, sp)): RequestOutput(rid, ids, [CompletionOutput(i, "", []) for i in range(sp.n)])
+               for ids, sp in zip(prompt_ids, params)}
+    bar, start, num_tokens = tqdm(total=len(results), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
     try:
       while self.engine.has_unfinished():
         for out in self.engine.step():
@@ -107,14 +106,13 @@ class LLM:
           bar.update(out.finished)
         bar.set_description(f"generate {num_tokens / (time.perf_counter() - start):.0f} tok/s")
     finally:
-      for rid in request_ids: self.engine.abort(rid)   # after an error, none of this call's requests is left behind
-    return [results[rid] for rid in request_ids]
+      for rid in results: self.engine.abort(rid)   # after an error, none of this call's requests is left behind
+    return list(results.values())
 
   def chat(self, messages:list, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
     """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list of them, through the model's chat template."""
     conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-    prompts = [{"prompt_token_ids": self.engine.tokenizer.encode_chat(c)} for c in conversations]
-    return self.generate(prompts, sampling_params, use_tqdm)
+    return self.generate([self.engine.tokenizer.encode_chat(c) for c in conversations], sampling_params, use_tqdm)
 
 class AsyncLLM:
   """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop.
@@ -156,5 +154,4 @@ class AsyncLLM:
       self.queues.pop(request_id, None)
       if not finished: self.abort(request_id)
 
-  def abort(self, request_id:str):
-    self.inbox.put((request_id, None, None)); self.work.set()
+  def abort(self, request_id:str): self.inbox.put((request_id, None, None)); self.work.set()

@@ -1,6 +1,5 @@
-import time
+import time, numpy as np
 from collections import deque
-import numpy as np
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status, CompletionOutput
 from tinyvllm.block_manager import BlockManager
@@ -86,11 +85,10 @@ class Scheduler:
 
   def check_stop(self, seq:Sequence, row:np.ndarray, length:int) -> CompletionOutput:
     """Count, detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
-    token = int(row[0])
+    token, params, searched = int(row[0]), seq.params, len(seq.held_text)
     if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
-    self.num_generation_tokens += 1; params, searched = seq.params, len(seq.held_text)
     # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
-    seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
+    self.num_generation_tokens += 1; seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
     if token in params.stop_token_ids: reason, stop_reason = "stop", token
     # EOS, or the end of its grammar
     elif token in self.eos_ids and not params.ignore_eos or seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"
