@@ -1,5 +1,4 @@
-import hashlib
-from collections import OrderedDict
+import collections, hashlib
 from tinyvllm.sequence import Sequence
 
 def block_hash(prev:bytes, tokens:list[int]) -> bytes:
@@ -12,7 +11,7 @@ class BlockManager:
   and skips its prefill. Freed cached blocks stay findable on the free list until they are reused, least recently freed first."""
   def __init__(self, num_blocks:int, block_size:int, enable_prefix_caching:bool=True):
     self.num_blocks, self.block_size, self.caching = num_blocks, block_size, enable_prefix_caching; self.ref = [0] * num_blocks
-    self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))   # front = next to be reused
+    self.free: collections.OrderedDict[int, None] = collections.OrderedDict.fromkeys(range(num_blocks))   # front = next to be reused
     self.cached: dict[bytes, int] = {}      # hash -> physical block holding that prefix's KV
     self.hash_of: dict[int, bytes] = {}     # physical block -> its hash, to unregister it when the block is reused
     self.queries = self.hits = 0            # prompt tokens looked up / found in the cache

@@ -72,7 +72,7 @@ class Sequence:
     # proposed after its last one, verified in the step that computes them
     self.num_computed_tokens, self.block_table, self.block_hashes, self.drafts = 0, [], [], []
     # held_text: detokenized text not yet emitted (it may start a stop string); detok: its detokenizer; matcher: llguidance's state of
-    # its grammar (structured outputs)
+    # its grammar (structured outputs); cumulative_logprob: the sum of its logprobs
     self.held_text, self.detok, self.matcher, self.cumulative_logprob = "", None, None, 0.0
     self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)
