@@ -28,7 +28,7 @@ def test_refcounts_exact_after_any_operations(operations, caching):
       if bm.allocate(seq): live.append(seq); compute(bm, seq, len(seq) - seq.num_computed_tokens)
     elif live and op == "grow":
       seq = live[r % len(live)]; seq.token_ids.append(r % 3)
-      if bm.can_append(seq, 1): compute(bm, seq, 1)
+      if bm.append(seq, 1): compute(bm, seq, 1)
       else: seq.token_ids.pop()
     elif live and op == "fork":
       parent = live[r % len(live)]

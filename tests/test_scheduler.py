@@ -34,7 +34,7 @@ def test_out_of_blocks_preempts_the_newest_and_recomputes_it():
   batch = sch.schedule()                               # old needs a 4th block: new is preempted, its blocks freed
   assert [s.request_id for s, _ in batch] == ["old"] and new.status == Status.WAITING and new.num_computed_tokens == 0
   assert sch.num_preemptions == 1 and list(sch.waiting) == [new] and bm.num_free == 6 - 4
-  sch.finish(old, "stop")
+  sch.finish(old)
   batch = sch.schedule()                               # readmitted: recomputes its prompt and the token it had sampled
   assert [(s.request_id, n) for s, n in batch] == [("new", 13)] and bm.num_free == 6 - 4
 

@@ -1,5 +1,4 @@
-import hashlib
-from collections import OrderedDict
+import collections, hashlib
 from tinyvllm.sequence import Sequence
 
 def block_hash(prev:bytes, tokens:list[int]) -> bytes:
@@ -12,7 +11,7 @@ class BlockManager:
   and skips its prefill. Freed cached blocks stay findable on the free list until they are reused, least recently freed first."""
   def __init__(self, num_blocks:int, block_size:int, enable_prefix_caching:bool=True):
     self.num_blocks, self.block_size, self.caching = num_blocks, block_size, enable_prefix_caching; self.ref = [0] * num_blocks
-    self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))   # front = next to be reused
+    self.free: collections.OrderedDict[int, None] = collections.OrderedDict.fromkeys(range(num_blocks))   # front = next to be reused
     self.cached: dict[bytes, int] = {}      # hash -> physical block holding that prefix's KV
     self.hash_of: dict[int, bytes] = {}     # physical block -> its hash, to unregister it when the block is reused
     self.queries = self.hits = 0            # prompt tokens looked up / found in the cache
@@ -41,26 +40,21 @@ class BlockManager:
     seq.block_hashes = [self.hash_of[b] for b in shared] if all(b in self.hash_of for b in shared) else []
     self.queries, self.hits = self.queries + len(seq), self.hits + seq.num_computed_tokens; return True
 
-  def can_append(self, seq:Sequence, num_tokens:int) -> bool:
-    return -(-(seq.num_computed_tokens + num_tokens) // self.block_size) - len(seq.block_table) <= self.num_free
-
-  def append(self, seq:Sequence, num_tokens:int):
-    """Grow the block table on demand so the next num_tokens tokens have slots."""
-    while len(seq.block_table) * self.block_size < seq.num_computed_tokens + num_tokens: seq.block_table.append(self._take())
+  def append(self, seq:Sequence, num_tokens:int) -> bool:
+    """Grow the block table on demand so the next num_tokens tokens have slots; False, taking nothing, if too few blocks are free."""
+    if (need := -(-(seq.num_computed_tokens + num_tokens) // self.block_size) - len(seq.block_table)) > self.num_free: return False
+    seq.block_table += [self._take() for _ in range(need)]; return True
 
   def commit(self, seq:Sequence):
     """Register blocks that became full this step; only now is their KV in the pool, so only now may others share them."""
-    while self.caching and len(seq.block_hashes) < seq.num_computed_tokens // self.block_size:
-      j, bs = len(seq.block_hashes), self.block_size
-      seq.block_hashes.append(h := block_hash(seq.block_hashes[-1] if j else b"", seq.token_ids[j*bs:(j+1)*bs]))
+    for j in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size if self.caching else 0):
+      seq.block_hashes.append(h := block_hash(seq.block_hashes[-1] if j else b"", seq.token_ids[j*self.block_size:(j+1)*self.block_size]))
       if h not in self.cached: self.cached[h], self.hash_of[seq.block_table[j]] = seq.block_table[j], h
 
   def free_blocks(self, seq:Sequence, num_tokens:int=0):
     """Give back the blocks past seq's first num_tokens tokens: all of them, or the slots of drafts that failed verification."""
     # a sequence's tail is the least likely to be shared again, so it is reused first
     for b in reversed(seq.block_table[(keep := -(-num_tokens // self.block_size)):]):
-      self.ref[b] -= 1
-      if self.ref[b] == 0:
-        self.free[b] = None
-        if b not in self.hash_of: self.free.move_to_end(b, last=False)   # uncached blocks are reused before cached ones
+      self.ref[b] -= 1   # a freed block goes to the back of the free list if it is cached, to the front if not (reused first)
+      if self.ref[b] == 0: self.free[b] = None; self.free.move_to_end(b, last=b in self.hash_of)
     seq.block_table, seq.num_computed_tokens = seq.block_table[:keep], num_tokens

@@ -1,9 +1,8 @@
-import os
-from dataclasses import dataclass
+import dataclasses, os
 
 BUNDLED_MODEL = os.path.join(os.path.dirname(__file__), "stories260K")
 
-@dataclass
+@dataclasses.dataclass
 class Config:
   """One config that flows from the CLI / LLM() into every part of the engine, as in nano-vllm."""
   model: str | None = None               # Hugging Face folder or hub id (org/name); None serves the bundled stories260K

@@ -1,5 +1,4 @@
 import asyncio, dataclasses, gc, logging, os, queue, random, threading, time, uuid
-import numpy as np
 from tinygrad.helpers import tqdm
 from tinyvllm.config import Config, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
@@ -26,8 +25,9 @@ class LLMEngine:
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
-    self.requests: dict[str, list[Sequence]] = {}   # request id -> its sequences (n of them for n > 1)
-    self.in_flight = ([], None)   # the launched step: its sampling sequences and the tokens they get, still on the GPU
+    # requests: request id -> its sequences (n of them for n > 1); in_flight: the launched step's sampling sequences and the tokens they
+    # get, still on the GPU
+    self.requests, self.in_flight = {}, ([], None)
     self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
     if not config.enforce_eager: self.runner.capture_graphs()
 
@@ -49,11 +49,10 @@ class LLMEngine:
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31); parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
     seqs = [parent] + [Sequence(request_id, ids, params, i, parent, (seed + i) & 0x7fffffff) for i in range(1, params.n)]
     for seq in seqs: seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
-    self.requests[request_id] = seqs; self.scheduler.waiting.extend(seqs)
-    return request_id
+    self.requests[request_id] = seqs; self.scheduler.waiting.extend(seqs); return request_id
 
   def abort(self, request_id:str):
-    for seq in self.requests.pop(request_id, []): self.scheduler.finish(seq, "abort")
+    for seq in self.requests.pop(request_id, []): self.scheduler.finish(seq)
 
   def has_unfinished(self) -> bool: return bool(self.requests)
 
@@ -64,8 +63,7 @@ class LLMEngine:
     batch, (seqs, sampled) = self.scheduler.schedule(), self.in_flight
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
-      rows = sampled.numpy()[:len(seqs)] if seqs else np.zeros((0, 1), np.int32)   # a row per token: it, then its logprobs where asked
-      kept = self.scheduler.receive(seqs, rows)
+      kept = self.scheduler.receive(seqs, sampled.numpy()[:len(seqs)] if seqs else [])   # a row per token: it, then its logprobs where asked
       self.in_flight = (sampling, launch())
       outputs = self.scheduler.postprocess(kept)
       self.scheduler.advance(batch)
@@ -79,11 +77,11 @@ class LLMEngine:
 
   def request_output(self, request_id:str, deltas:list[CompletionOutput]) -> RequestOutput:
     seqs = self.requests[request_id]
-    if not all(s.status == Status.FINISHED for s in seqs): return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas)
-    del self.requests[request_id]
-    metrics = {"arrival_time": seqs[0].arrival_time, "first_token_time": min(s.first_token_time for s in seqs),
-               "finish_time": max(s.finish_time for s in seqs)}
-    return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, True, metrics)   # vLLM's RequestMetrics: the latency histograms' times
+    if finished := all(s.status == Status.FINISHED for s in seqs): del self.requests[request_id]
+    # vLLM's RequestMetrics: the latency histograms' times
+    metrics = dict(arrival_time=seqs[0].arrival_time, first_token_time=min(s.first_token_time for s in seqs),
+                   finish_time=max(s.finish_time for s in seqs)) if finished else {}
+    return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, finished, metrics)
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
@@ -96,10 +94,10 @@ class LLM:
     params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
     if len(params) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
     prompt_ids = [self.engine.check(prompt, sp)[0] for prompt, sp in zip(prompts, params)]   # all of them, before any is queued
-    request_ids = [self.engine.add_request(ids, sp) for ids, sp in zip(prompt_ids, params)]
-    results = {rid: RequestOutput(rid, ids, [CompletionOutput(i, "", []) for i in range(sp.n)])
-               for rid, ids, sp in zip(request_ids, prompt_ids, params)}
-    bar, start, num_tokens = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
+    # each request queued, with an empty output per sequence that its deltas are added to
+    results = {(rid := self.engine.add_request(ids, sp)): RequestOutput(rid, ids, [CompletionOutput(i, "", []) for i in range(sp.n)])
+               for ids, sp in zip(prompt_ids, params)}
+    bar, start, num_tokens = tqdm(total=len(results), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
     try:
       while self.engine.has_unfinished():
         for out in self.engine.step():
@@ -108,24 +106,23 @@ class LLM:
           bar.update(out.finished)
         bar.set_description(f"generate {num_tokens / (time.perf_counter() - start):.0f} tok/s")
     finally:
-      for rid in request_ids: self.engine.abort(rid)   # after an error, none of this call's requests is left behind
-    return [results[rid] for rid in request_ids]
+      for rid in results: self.engine.abort(rid)   # after an error, none of this call's requests is left behind
+    return list(results.values())
 
   def chat(self, messages:list, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
     """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list of them, through the model's chat template."""
     conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-    prompts = [{"prompt_token_ids": self.engine.tokenizer.encode_chat(c)} for c in conversations]
-    return self.generate(prompts, sampling_params, use_tqdm)
+    return self.generate([self.engine.tokenizer.encode_chat(c) for c in conversations], sampling_params, use_tqdm)
 
 class AsyncLLM:
   """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop.
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
-    self.engine, self.work, self.inbox, self.healthy = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True
+    # queues: request id -> (the event loop of its caller, the queue its outputs go to)
+    self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped
     gc.collect(); gc.freeze()
-    self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
     threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
   def loop(self):
@@ -157,5 +154,4 @@ class AsyncLLM:
       self.queues.pop(request_id, None)
       if not finished: self.abort(request_id)
 
-  def abort(self, request_id:str):
-    self.inbox.put((request_id, None, None)); self.work.set()
+  def abort(self, request_id:str): self.inbox.put((request_id, None, None)); self.work.set()

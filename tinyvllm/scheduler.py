@@ -1,6 +1,5 @@
-import time
+import time, numpy as np
 from collections import deque
-import numpy as np
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status, CompletionOutput
 from tinyvllm.block_manager import BlockManager
@@ -43,8 +42,8 @@ class Scheduler:
         # drawing (a placeholder, async scheduling) is waited for if the tokens before it would propose
         if seq.token_ids[-1] != -1: seq.drafts = propose_ngram(seq.token_ids, min(k, budget - 1, context - len(seq))); num_tokens += len(seq.drafts)
         elif propose_ngram(seq.token_ids[:-1], 1): continue
-      while not self.bm.can_append(seq, num_tokens) and seq.status == Status.RUNNING: self.preempt(self.running[-1])
-      if seq.status == Status.RUNNING: self.bm.append(seq, num_tokens); batch.append((seq, num_tokens)); budget -= num_tokens
+      while seq.status == Status.RUNNING and not self.bm.append(seq, num_tokens): self.preempt(self.running[-1])
+      if seq.status == Status.RUNNING: batch.append((seq, num_tokens)); budget -= num_tokens
     while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
       seq, parent = self.waiting[0], self.waiting[0].parent
       if parent is not None and parent.status != Status.FINISHED and parent.num_computed_tokens < parent.num_prompt_tokens: break
@@ -86,19 +85,18 @@ class Scheduler:
 
   def check_stop(self, seq:Sequence, row:np.ndarray, length:int) -> CompletionOutput:
     """Count, detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
-    token = int(row[0])
+    token, params, searched = int(row[0]), seq.params, len(seq.held_text)
     if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
-    self.num_generation_tokens += 1; params, searched = seq.params, len(seq.held_text)
     # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
-    seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
+    self.num_generation_tokens += 1; seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
     if token in params.stop_token_ids: reason, stop_reason = "stop", token
-    elif token in self.eos_ids and not params.ignore_eos: reason = "stop"
-    elif seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"   # the grammar is complete
+    # EOS, or the end of its grammar
+    elif token in self.eos_ids and not params.ignore_eos or seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"
     for stop in params.stop:   # a match can only start in the new text or in the len(stop) - 1 held characters before it
       if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
         seq.held_text = seq.held_text[:i + len(stop) if params.include_stop_str_in_output else i]; reason, stop_reason = "stop", stop
     if reason is None and (length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len): reason = "length"
-    if reason: del seq.token_ids[length:]; self.finish(seq, reason)   # tokens verified after the one that stops it are dropped
+    if reason: del seq.token_ids[length:]; self.finish(seq)   # tokens verified after the one that stops it are dropped
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
     text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
     if logprobs := None if params.logprobs is None else unpack_logprobs(row, params.logprobs): seq.cumulative_logprob += logprobs[token].logprob
@@ -108,7 +106,7 @@ class Scheduler:
     self.bm.free_blocks(seq); self.running.remove(seq); self.waiting.appendleft(seq)
     seq.status, seq.drafts, self.num_preemptions = Status.WAITING, [], self.num_preemptions + 1   # drafts in flight are dropped
 
-  def finish(self, seq:Sequence, reason:str):
+  def finish(self, seq:Sequence):
     if seq.status == Status.RUNNING: self.bm.free_blocks(seq); self.running.remove(seq)
     elif seq in self.waiting: self.waiting.remove(seq)
-    seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, time.monotonic()
+    seq.status, seq.finish_time = Status.FINISHED, time.monotonic()

@@ -36,8 +36,7 @@ class SamplingParams:
   structured_outputs: dict | None = None   # {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}
   logprobs: int | None = None            # each sampled token's logprob, and this many of the most likely tokens' (vLLM's raw logprobs)
   def __post_init__(self):
-    for name in RANGES: setattr(self, name, getattr(self, name) if name in ("seed", "logprobs") and getattr(self, name) is None else
-                                checked(name, getattr(self, name)))
+    for name in RANGES: setattr(self, name, None if (value := getattr(self, name)) is None and name in ("seed", "logprobs") else checked(name, value))
     self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
     if len(self.stop_token_ids) > MAX_STOP_STRINGS or not all(type(t) is int for t in self.stop_token_ids):
       raise ParamError("stop_token_ids", f"takes at most {MAX_STOP_STRINGS} integers")
@@ -66,13 +65,14 @@ class RequestOutput:
 class Sequence:
   """One generated continuation: its tokens, how many of them already sit in the KV cache, and its block table."""
   def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, index:int=0, parent:"Sequence|None"=None, seed:int=0):
-    self.request_id, self.index, self.parent, self.params, self.status, self.finish_reason = request_id, index, parent, params, Status.WAITING, None
+    self.request_id, self.index, self.parent, self.params, self.status, self.seed = request_id, index, parent, params, Status.WAITING, seed
     # the prompt list is shared by siblings, not copied
     self.prompt_token_ids, self.token_ids, self.num_prompt_tokens = prompt_ids, list(prompt_ids), len(prompt_ids)
-    # block_table: its KV blocks, in order; drafts: tokens proposed after its last one, verified in the step that computes them
-    self.num_computed_tokens, self.seed, self.block_table, self.drafts = 0, seed, [], []
-    self.block_hashes: list[bytes] = []     # chained hashes of its full, computed blocks (prefix caching)
-    self.held_text, self.detok = "", None   # detokenized text not yet emitted (it may start a stop string); its detokenizer
-    # llguidance's state of its grammar (structured outputs); the sum of its logprobs
-    self.matcher, self.cumulative_logprob = None, 0.0; self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
+    # block_table: its KV blocks, in order; block_hashes: the chained hashes of its full, computed blocks (prefix caching); drafts: tokens
+    # proposed after its last one, verified in the step that computes them
+    self.num_computed_tokens, self.block_table, self.block_hashes, self.drafts = 0, [], [], []
+    # held_text: detokenized text not yet emitted (it may start a stop string); detok: its detokenizer; matcher: llguidance's state of
+    # its grammar (structured outputs); cumulative_logprob: the sum of its logprobs
+    self.held_text, self.detok, self.matcher, self.cumulative_logprob = "", None, None, 0.0
+    self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)

@@ -44,9 +44,9 @@ class Tokenizer:
     (sentencepiece drops the leading space of a text's first token), or None while a character's bytes are incomplete."""
     streams = [tokenizers.decoders.DecodeStream(prompt_ids, skip_special_tokens=True)]
     def step(token:int) -> str | None:
+      # invalid UTF-8 in the context can break DecodeStream's prefix check (vLLM #17448): go on afresh, as vLLM does
       try: return streams[-1].step(self.hf, token)
-      except Exception:   # invalid UTF-8 in the context can break DecodeStream's prefix check (vLLM #17448): go on afresh, as vLLM does
-        return streams.append(tokenizers.decoders.DecodeStream(skip_special_tokens=True)) or streams[-1].step(self.hf, token)
+      except Exception: return streams.append(tokenizers.decoders.DecodeStream(skip_special_tokens=True)) or streams[-1].step(self.hf, token)
     return step
 
   def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True, **template_kwargs) -> str:   # tools=, enable_thinking=
