@@ -14,9 +14,8 @@ from tinyvllm.sequence import ParamError
 # forced arguments take the layout templates render them in (tojson is json.dumps), the one the model learned
 ARGUMENTS_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
-def merge(message:dict, delta:dict):   # deltas add up: text concatenates, tool calls append; empty values add nothing
-  for key, value in delta.items():
-    if value: message[key] = message.get(key, value[:0]) + value
+# deltas add up: text concatenates, tool calls append; empty values add nothing
+def merge(message:dict, delta:dict): message.update({key: message.get(key, value[:0]) + value for key, value in delta.items() if value})
 
 def checked_messages(messages) -> list[dict]:
   """OpenAI's messages: content is a string or text parts, or null (as "") beside an assistant's tool calls, whose arguments (a JSON string
@@ -101,20 +100,19 @@ class OutputParser:
         self.json = None
     for field, value in self.router.route(text, final): merge(delta, {field: value})
     for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S):   # the calls, at the end
-      if part.startswith("<tool_call>") and (call := self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))):
-        merge(delta, {"tool_calls": [call]})
-      elif part.strip() or not self.tool_format: merge(delta, {"content": part})   # whitespace between calls is markup
+      call = part.startswith("<tool_call>") and self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+      # markup that does not parse is content; whitespace between calls is markup
+      merge(delta, {"tool_calls": [call]} if call else {"content": part} if part.strip() or not self.tool_format else {})
     merge(self.message, delta | {"tool_calls": [{k: v for k, v in c.items() if k != "index"} for c in delta.get("tool_calls", [])]})
-    reason = "tool_calls" if self.calls and out.finish_reason == "stop" else out.finish_reason   # a choice that called tools ends so
-    if final: self.finish_reason, self.stop_reason = reason, out.stop_reason
+    # a choice that called tools ends in "tool_calls"
+    self.finish_reason, self.stop_reason = "tool_calls" if self.calls and out.finish_reason == "stop" else out.finish_reason, out.stop_reason
     if self.top_logprobs is None: return self.choice(None, delta=delta) if delta or final else None
     top = lambda lps: [self.entry(i, lp) for i, lp in sorted(lps.items(), key=lambda x: x[1].rank) if lp.rank <= self.top_logprobs]
     self.logprobs += (logprobs := [self.entry(token, lps[token]) | {"top_logprobs": top(lps)} for token, lps in zip(out.token_ids, out.logprobs)])
     return self.choice(logprobs, delta=delta)
 
   def entry(self, token:int, logprob) -> dict:   # OpenAI's logprobs entry of a token
-    text = self.tokenizer.hf.decode([token], skip_special_tokens=False)
-    return {"token": text, "logprob": logprob.logprob, "bytes": list(text.encode())}
+    return {"token": (text := self.tokenizer.hf.decode([token], skip_special_tokens=False)), "logprob": logprob.logprob, "bytes": list(text.encode())}
 
   def choice(self, logprobs:list | None, **content) -> dict:   # vLLM adds stop_reason: the stop string or token id that ended it
     return {"index": self.index, **content, "logprobs": None if logprobs is None else {"content": logprobs},

@@ -16,19 +16,17 @@ from tinyvllm.chat import request as chat_request
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
 # ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
-HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": (int, float), "top_p": (int, float),
-            "top_k": int, "min_p": (int, float), "seed": int, "n": int, "stop": (str, list), "stop_token_ids": list, "stream": bool,
-            "stream_options": dict, "ignore_eos": bool, "include_stop_str_in_output": bool, "user": str, "safety_identifier": str,
-            "prompt_cache_key": str, "response_format": dict, "structured_outputs": dict, "tools": list, "tool_choice": (str, dict),
-            "chat_template_kwargs": dict, "logprobs": bool, "top_logprobs": int}
+HONOURED = {field: kinds for kinds, fields in [((str,), "model user safety_identifier prompt_cache_key"), ((str, list), "stop"),
+  ((int,), "max_tokens max_completion_tokens top_k seed n top_logprobs"), ((int, float), "temperature top_p min_p"), ((str, dict), "tool_choice"),
+  ((bool,), "stream ignore_eos include_stop_str_in_output logprobs"), ((list,), "messages stop_token_ids tools"),
+  ((dict,), "stream_options response_format structured_outputs chat_template_kwargs")] for field in fields.split()}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
 # other value is a 400 naming the field. Issue #14 turns most of them into features.
-NOT_YET = {field: no_ops for no_ops, fields in [
-  ([False], "echo store use_beam_search continue_final_message"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
-  ([0], "presence_penalty frequency_penalty min_tokens"), ([1], "repetition_penalty best_of"), ([[]], "functions bad_words"),
-  ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"), ([["text"]], "modalities"),
-  ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template guided_json guided_regex "
-   "guided_choice guided_grammar")] for field in fields.split()}
+NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message"), ([1], "repetition_penalty best_of"),
+  ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"), ([0], "presence_penalty frequency_penalty min_tokens"),
+  ([[]], "functions bad_words"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
+  ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template "
+                                  "guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
 SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # vLLM's latency histograms (vllm:NAME_seconds), with edges from 1 ms to 35 min doubling at each step
 HISTOGRAMS = ("time_to_first_token", "time_per_output_token", "e2e_request_latency")
@@ -56,8 +54,7 @@ class SSEResponse(StreamingResponse):
 class OpenAIServer:
   """vLLM's api_server routes over one AsyncLLM: /v1/chat/completions, /v1/models, /health and /metrics."""
   def __init__(self, llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None):
-    self.llm, self.api_key, self.config, self.tokenizer = llm, api_key, llm.engine.config, llm.engine.tokenizer
-    self.model = served_model_name or llm.engine.model_name
+    self.llm, self.api_key, self.config, self.model = llm, api_key, llm.engine.config, served_model_name or llm.engine.model_name
     self.registry = CollectorRegistry(); self.registry.register(self)   # one per app, so two servers in one process keep their own counts
     self.latency = {name: Histogram(f"vllm:{name}_seconds", f"Histogram of {name.replace('_', ' ')} in seconds.", ["model_name"],
                                     registry=self.registry, buckets=[2**i / 1000 for i in range(22)]).labels(self.model) for name in HISTOGRAMS}
@@ -86,25 +83,22 @@ class OpenAIServer:
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
     for field, value in ((field, value) for field, value in body.items() if value is not None):   # null means the default
       if field in NOT_YET and value not in NOT_YET[field]: raise APIError(f"'{field}' is not supported yet", param=field)
-      # JSON's true is no number
-      if (expected := HONOURED.get(field)) and (not isinstance(value, expected) or isinstance(value, bool) and expected is not bool):
-        raise APIError(f"'{field}' has the wrong type", param=field)
-    if unknown := [field for field in body if field not in HONOURED and field not in NOT_YET]:
-      log.warning("The following fields were present in the request but ignored: %s", unknown[:20])   # as vLLM does
+      # the exact JSON type: true is no number
+      if (expected := HONOURED.get(field)) and type(value) not in expected: raise APIError(f"'{field}' has the wrong type", param=field)
+    # as vLLM does
+    if unknown := sorted(body.keys() - HONOURED.keys() - NOT_YET.keys()): log.warning("Unknown fields ignored: %s", unknown[:20])
     if body.get("model") not in (None, self.model): raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
-    prompt, structured, parser = chat_request(self.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
+    prompt, structured, parser = chat_request(self.llm.engine.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
     max_tokens_field, context = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None), self.config.max_model_len
     max_tokens = body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1)   # default: the rest of the context
     if body.get("top_logprobs") and not body.get("logprobs"): raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
     try: params = SamplingParams(max_tokens=max_tokens, structured_outputs=structured, logprobs=body.get("top_logprobs") or 0 if body.get("logprobs")
                                  else None, **{k: body[k] for k in SAMPLING if body.get(k) is not None})
     except ParamError as e: raise APIError(str(e), param={"max_tokens": max_tokens_field, "logprobs": "top_logprobs"}.get(e.param, e.param))
-    if len(prompt) + params.max_tokens > context:
-      raise APIError(f"This model's maximum context length is {context} tokens. However, you requested {len(prompt) + params.max_tokens} "
-                     f"tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
+    if (total := len(prompt) + params.max_tokens) > context: raise APIError(f"This model's maximum context length is {context} tokens. "
+                   f"However, you requested {total} tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
     # n sequences take n of the batch's max_num_seqs slots for the whole request: half leaves room for everyone else
-    if params.n > (most_n := max(1, self.config.max_num_seqs // 2)):
-      raise APIError(f"n must be at most {most_n} (half of max_num_seqs), so one request cannot fill the running batch", param="n")
+    if params.n > (most_n := max(1, self.config.max_num_seqs // 2)): raise APIError(f"n must be at most {most_n} (half of max_num_seqs)", param="n")
     return prompt, params, body, parser
 
   def account(self, out, counts:list[int]):   # per-choice token counts; on the final output, the latency metrics
@@ -112,8 +106,8 @@ class OpenAIServer:
     if not out.finished or not (times := out.metrics): return
     self.latency["time_to_first_token"].observe(times["first_token_time"] - times["arrival_time"])
     self.latency["e2e_request_latency"].observe(times["finish_time"] - times["arrival_time"])
-    if max(counts) > 1:   # the longest choice ends last
-      self.latency["time_per_output_token"].observe((times["finish_time"] - times["first_token_time"]) / (max(counts) - 1))
+    # the longest choice ends last
+    if max(counts) > 1: self.latency["time_per_output_token"].observe((times["finish_time"] - times["first_token_time"]) / (max(counts) - 1))
     self.successes.labels(self.model, out.outputs[-1].finish_reason).inc()
 
   async def chat(self, request):
