@@ -38,11 +38,6 @@ class APIError(Exception):
   def body(self): return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
   def response(self): return JSONResponse(self.body(), self.status)
 
-def engine_error(e:Exception) -> APIError:
-  # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message; a ValueError says why the
-  # engine refused the request
-  return APIError(str(e)) if not isinstance(e, EngineError) else APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
-
 def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
 
 class SSEResponse(StreamingResponse):
@@ -116,11 +111,15 @@ class OpenAIServer:
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": sum(counts), "total_tokens": len(prompt) + sum(counts)}
     async def choices():   # one path for both responses: each engine output as its choices' deltas, through chat.py's parsers
-      async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
-        async for out in outputs:
-          self.account(out, counts)
-          # text can lag tokens (partial UTF-8, held-back stop strings and tags): only choices that have something to say
-          yield [choice for output in out.outputs if (choice := parsers[output.index].feed(output))]
+      try:
+        async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
+          async for out in outputs:
+            self.account(out, counts)
+            # text can lag tokens (partial UTF-8, held-back stop strings and tags): only choices that have something to say
+            yield [choice for output in out.outputs if (choice := parsers[output.index].feed(output))]
+      except ValueError as e: raise APIError(str(e))   # the engine refused the request, and says why
+      # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message
+      except EngineError: raise APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
     if body.get("stream"):
       sse = lambda data: f"data: {json.dumps(data)}\n\n"
       chunk = lambda choices, **extra: sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
@@ -130,15 +129,13 @@ class OpenAIServer:
           try:
             async for step in stream: yield "".join(chunk([choice]) for choice in step)
             if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage())
-          except (EngineError, ValueError) as e: yield sse(engine_error(e).body())   # the 200 is sent: the error is an event, as in vLLM
+          except APIError as e: yield sse(e.body())   # the 200 is sent: the error is an event, as in vLLM
           yield "data: [DONE]\n\n"
       return SSEResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    async with contextlib.aclosing(choices()) as stream:
-      try:   # the parsers gather each choice's whole message
-        # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
-        async for _ in stream:
-          if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
-      except (EngineError, ValueError) as e: raise engine_error(e)
+    async with contextlib.aclosing(choices()) as stream:   # the parsers gather each choice's whole message
+      # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
+      async for _ in stream:
+        if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
     return JSONResponse({**head, "choices": [p.reply() for p in parsers], "usage": usage()})
 
   async def models(self, request):
@@ -151,8 +148,8 @@ class OpenAIServer:
   async def metrics(self, request): return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
   def collect(self):   # the engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape
-    bm, sch = self.llm.engine.block_manager, self.llm.engine.scheduler
-    running = {s.request_id for s in sch.running}   # requests, as vLLM counts them: n siblings are one request
+    # requests, as vLLM counts them: n siblings are one request
+    bm, sch = self.llm.engine.block_manager, self.llm.engine.scheduler; running = {s.request_id for s in sch.running}
     for name, value in {"vllm:num_requests_running": len(running), "vllm:num_requests_waiting": len({s.request_id for s in sch.waiting} - running),
                         "vllm:kv_cache_usage_perc": 1 - bm.num_free / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
                         "vllm:prefix_cache_hits_total": bm.hits, "vllm:num_preemptions_total": sch.num_preemptions,
@@ -165,17 +162,16 @@ class OpenAIServer:
 
 def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None) -> Starlette:
   server = OpenAIServer(llm, served_model_name, api_key)
-  routes = [Route("/v1/chat/completions", server.chat, methods=["POST"]), Route("/v1/models", server.models),
-            Route("/health", server.health), Route("/metrics", server.metrics)]
   # a bug's traceback goes to uvicorn's log, never to the client; a client that hangs up mid-upload is no error of ours (499, no traceback)
   not_found = lambda status: "NotFoundError" if status == 404 else "invalid_request_error"
   handlers = {APIError: lambda request, e: e.response(), ClientDisconnect: lambda request, e: Response(status_code=499),
               ParamError: lambda request, e: APIError(str(e), param=e.param).response(),   # a field out of range or shape: 400 naming it
               HTTPException: lambda request, e: APIError(e.detail, e.status_code, not_found(e.status_code), code=e.status_code).response(),
               Exception: lambda request, e: APIError("Internal server error", 500, "InternalServerError", code=500).response()}
-  return Starlette(routes=routes, exception_handlers=handlers)
+  return Starlette(exception_handlers=handlers, routes=[Route("/v1/chat/completions", server.chat, methods=["POST"]),
+                   Route("/v1/models", server.models), Route("/health", server.health), Route("/metrics", server.metrics)])
 
-def cli() -> argparse.ArgumentParser:
+def main():
   parser = argparse.ArgumentParser(description="tinyvllm's OpenAI-compatible server")
   # every engine option is a flag, described by the comment beside its field in config.py
   comments = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(Config), re.M))
@@ -187,10 +183,7 @@ def cli() -> argparse.ArgumentParser:
   parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
   parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
   parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
-  return parser
-
-def main():
-  args = cli().parse_args(); logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  args = parser.parse_args(); logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   # the engine loads the model and captures its graphs before we listen, so the first request pays no JIT cost
   llm = AsyncLLM(Config(**{k: v for k, v in vars(args).items() if k in Config.__dataclass_fields__ and v is not None}))
   log.info("ready on http://%s:%d", args.host, args.port)
