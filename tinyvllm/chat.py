@@ -5,7 +5,7 @@ parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
 
 The chat template says what the model was taught: Hermes <tool_call> tags (Qwen, Hermes) or Llama 3.x's bare JSON calls, and whether it
 reasons inside <think> tags (Qwen3, DeepSeek-R1 distills). Only templates that mention them get tools or reasoning."""
-import copy, functools, json, re, typing, uuid
+import contextlib, copy, functools, json, re, typing, uuid
 import jinja2
 from tinygrad.llm.serve import StreamRouter, normalize_messages, parse_tool_call
 from tinyvllm.sampler import compile_grammar
@@ -14,20 +14,18 @@ from tinyvllm.sequence import ParamError
 # forced arguments take the layout templates render them in (tojson is json.dumps), the one the model learned
 ARGUMENTS_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
-def merge(message:dict, delta:dict):   # deltas add up: text concatenates, tool calls append; empty values add nothing
-  for key, value in delta.items():
-    if value: message[key] = message.get(key, value[:0]) + value
+# deltas add up: text concatenates, tool calls append; empty values add nothing
+def merge(message:dict, delta:dict): message.update({key: message.get(key, value[:0]) + value for key, value in delta.items() if value})
 
 def checked_messages(messages) -> list[dict]:
   """OpenAI's messages: content is a string or text parts, or null (as "") beside an assistant's tool calls, whose arguments (a JSON string
   from clients) become the dicts chat templates expect, as vLLM does. Their results come back as role "tool" messages."""
   text = lambda c: c is None or isinstance(c, str) or isinstance(c, list) and all(p["type"] == "text" and isinstance(p["text"], str) for p in c)
   call = lambda c: isinstance(c["function"]["name"], str) and isinstance(c["function"]["arguments"], dict)
-  try:
+  with contextlib.suppress(TypeError, KeyError, AttributeError):   # a message of the wrong shape falls through to the error
     normalize_messages(messages := copy.deepcopy(messages))   # in place, and the request stays as it came
     if messages and all(isinstance(m["role"], str) and text(m.get("content")) and all(map(call, m.get("tool_calls") or [])) for m in messages):
       return [m | {"content": m.get("content") or ""} for m in messages]
-  except (TypeError, KeyError, AttributeError): pass
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
 
 def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, typing.Callable[..., "OutputParser"]]:
@@ -54,10 +52,9 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   if not prompt: raise ParamError("messages", "render an empty prompt")
   # DeepSeek-R1's form: the template opens <think> in the prompt, so the output starts inside the reasoning
   thinking = "<think>" in template and tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False).rstrip().endswith("<think>")
-  forced = {named: schemas[named]} if named else schemas if choice == "required" else None
-  fmt, structured = body.get("response_format") or {"type": "text"}, body.get("structured_outputs")
-  if (kind := fmt.get("type")) not in ("text", "json_object", "json_schema"):
-    raise ParamError("response_format", "must have a type of text, json_object or json_schema")
+  forced, structured = {named: schemas[named]} if named else schemas if choice == "required" else None, body.get("structured_outputs")
+  kind = (fmt := body.get("response_format") or {"type": "text"}).get("type")
+  if kind not in ("text", "json_object", "json_schema"): raise ParamError("response_format", "type must be text, json_object or json_schema")
   if forced and (structured or kind != "text"): raise ParamError("tool_choice", "cannot force a tool call and a response format at once")
   try:   # OpenAI's response_format as vLLM's structured outputs
     if kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
@@ -75,8 +72,8 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
                     for name, schema in schemas.items())
   start = f'start: {tag("</think>")} "\\n\\n" ' if thinking else "start: "   # a reasoning turn the prompt opened ends at once
   if tool_format == "json": return f"{start}({call})"   # Llama 3 templates take one call per turn
-  more = ' ("\\n" tool_call)*' * parallel
-  return f'{start}tool_call{more}\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")}'
+  # one call, or several a line apart
+  return start + 'tool_call' + ' ("\\n" tool_call)*' * parallel + f'\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")}'
 
 class OutputParser:
   """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning_content, content and tool_calls, and its tokens'
@@ -87,7 +84,7 @@ class OutputParser:
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
     if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
     self.index, self.top_logprobs, self.tokenizer, self.calls, self.finish_reason, self.stop_reason = index, top_logprobs, tokenizer, 0, None, None
-    self.message, self.logprobs = {"role": "assistant", "content": ""}, []
+    self.message, self.logprobs = {"role": "assistant", "content": ""}, None if top_logprobs is None else []
 
   def feed(self, out) -> dict | None:
     """An engine output of this choice as its streamed choice, or None while there is nothing to say. The last one (finish_reason) sends
@@ -101,28 +98,26 @@ class OutputParser:
         self.json = None
     for field, value in self.router.route(text, final): merge(delta, {field: value})
     for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S):   # the calls, at the end
-      if part.startswith("<tool_call>") and (call := self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))):
-        merge(delta, {"tool_calls": [call]})
-      elif part.strip() or not self.tool_format: merge(delta, {"content": part})   # whitespace between calls is markup
+      call = part.startswith("<tool_call>") and self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+      # markup that does not parse is content; whitespace between calls is markup
+      merge(delta, {"tool_calls": [call]} if call else {"content": part} if part.strip() or not self.tool_format else {})
     merge(self.message, delta | {"tool_calls": [{k: v for k, v in c.items() if k != "index"} for c in delta.get("tool_calls", [])]})
-    reason = "tool_calls" if self.calls and out.finish_reason == "stop" else out.finish_reason   # a choice that called tools ends so
-    if final: self.finish_reason, self.stop_reason = reason, out.stop_reason
+    # a choice that called tools ends in "tool_calls"
+    self.finish_reason, self.stop_reason = "tool_calls" if self.calls and out.finish_reason == "stop" else out.finish_reason, out.stop_reason
     if self.top_logprobs is None: return self.choice(None, delta=delta) if delta or final else None
     top = lambda lps: [self.entry(i, lp) for i, lp in sorted(lps.items(), key=lambda x: x[1].rank) if lp.rank <= self.top_logprobs]
     self.logprobs += (logprobs := [self.entry(token, lps[token]) | {"top_logprobs": top(lps)} for token, lps in zip(out.token_ids, out.logprobs)])
     return self.choice(logprobs, delta=delta)
 
   def entry(self, token:int, logprob) -> dict:   # OpenAI's logprobs entry of a token
-    text = self.tokenizer.hf.decode([token], skip_special_tokens=False)
-    return {"token": text, "logprob": logprob.logprob, "bytes": list(text.encode())}
+    return {"token": (text := self.tokenizer.hf.decode([token], skip_special_tokens=False)), "logprob": logprob.logprob, "bytes": list(text.encode())}
 
   def choice(self, logprobs:list | None, **content) -> dict:   # vLLM adds stop_reason: the stop string or token id that ended it
     return {"index": self.index, **content, "logprobs": None if logprobs is None else {"content": logprobs},
             "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
 
   def reply(self) -> dict:   # the whole choice, as a non-streaming response carries it: content is null beside tool calls alone
-    content = {"content": None} if self.calls and not self.message["content"].strip() else {}
-    return self.choice(None if self.top_logprobs is None else self.logprobs, message=self.message | content)
+    return self.choice(self.logprobs, message=self.message | ({"content": None} if self.calls and not self.message["content"].strip() else {}))
 
   def call(self, text:str) -> dict | None:   # a tool call as OpenAI's delta, or None if the text is not one
     if not (self.tool_format and (parsed := parse_tool_call(text)) and isinstance(parsed[0], str) and isinstance(parsed[1], dict)): return None

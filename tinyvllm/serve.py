@@ -16,19 +16,17 @@ from tinyvllm.chat import request as chat_request
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
 # ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
-HONOURED = {"model": str, "messages": list, "max_tokens": int, "max_completion_tokens": int, "temperature": (int, float), "top_p": (int, float),
-            "top_k": int, "min_p": (int, float), "seed": int, "n": int, "stop": (str, list), "stop_token_ids": list, "stream": bool,
-            "stream_options": dict, "ignore_eos": bool, "include_stop_str_in_output": bool, "user": str, "safety_identifier": str,
-            "prompt_cache_key": str, "response_format": dict, "structured_outputs": dict, "tools": list, "tool_choice": (str, dict),
-            "chat_template_kwargs": dict, "logprobs": bool, "top_logprobs": int}
+HONOURED = {field: kinds for kinds, fields in [((str,), "model user safety_identifier prompt_cache_key"), ((str, list), "stop"),
+  ((int,), "max_tokens max_completion_tokens top_k seed n top_logprobs"), ((int, float), "temperature top_p min_p"), ((str, dict), "tool_choice"),
+  ((bool,), "stream ignore_eos include_stop_str_in_output logprobs"), ((list,), "messages stop_token_ids tools"),
+  ((dict,), "stream_options response_format structured_outputs chat_template_kwargs")] for field in fields.split()}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
 # other value is a 400 naming the field. Issue #14 turns most of them into features.
-NOT_YET = {field: no_ops for no_ops, fields in [
-  ([False], "echo store use_beam_search continue_final_message"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
-  ([0], "presence_penalty frequency_penalty min_tokens"), ([1], "repetition_penalty best_of"), ([[]], "functions bad_words"),
-  ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"), ([["text"]], "modalities"),
-  ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template guided_json guided_regex "
-   "guided_choice guided_grammar")] for field in fields.split()}
+NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message"), ([1], "repetition_penalty best_of"),
+  ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"), ([0], "presence_penalty frequency_penalty min_tokens"),
+  ([[]], "functions bad_words"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
+  ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template "
+                                  "guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
 SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # vLLM's latency histograms (vllm:NAME_seconds), with edges from 1 ms to 35 min doubling at each step
 HISTOGRAMS = ("time_to_first_token", "time_per_output_token", "e2e_request_latency")
@@ -39,11 +37,6 @@ class APIError(Exception):
     super().__init__(message); self.status, self.type, self.param, self.code = status, type, param, code
   def body(self): return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
   def response(self): return JSONResponse(self.body(), self.status)
-
-def engine_error(e:Exception) -> APIError:
-  # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message; a ValueError says why the
-  # engine refused the request
-  return APIError(str(e)) if not isinstance(e, EngineError) else APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
 
 def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
 
@@ -56,8 +49,7 @@ class SSEResponse(StreamingResponse):
 class OpenAIServer:
   """vLLM's api_server routes over one AsyncLLM: /v1/chat/completions, /v1/models, /health and /metrics."""
   def __init__(self, llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None):
-    self.llm, self.api_key, self.config, self.tokenizer = llm, api_key, llm.engine.config, llm.engine.tokenizer
-    self.model = served_model_name or llm.engine.model_name
+    self.llm, self.api_key, self.config, self.model = llm, api_key, llm.engine.config, served_model_name or llm.engine.model_name
     self.registry = CollectorRegistry(); self.registry.register(self)   # one per app, so two servers in one process keep their own counts
     self.latency = {name: Histogram(f"vllm:{name}_seconds", f"Histogram of {name.replace('_', ' ')} in seconds.", ["model_name"],
                                     registry=self.registry, buckets=[2**i / 1000 for i in range(22)]).labels(self.model) for name in HISTOGRAMS}
@@ -86,25 +78,22 @@ class OpenAIServer:
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
     for field, value in ((field, value) for field, value in body.items() if value is not None):   # null means the default
       if field in NOT_YET and value not in NOT_YET[field]: raise APIError(f"'{field}' is not supported yet", param=field)
-      # JSON's true is no number
-      if (expected := HONOURED.get(field)) and (not isinstance(value, expected) or isinstance(value, bool) and expected is not bool):
-        raise APIError(f"'{field}' has the wrong type", param=field)
-    if unknown := [field for field in body if field not in HONOURED and field not in NOT_YET]:
-      log.warning("The following fields were present in the request but ignored: %s", unknown[:20])   # as vLLM does
+      # the exact JSON type: true is no number
+      if (expected := HONOURED.get(field)) and type(value) not in expected: raise APIError(f"'{field}' has the wrong type", param=field)
+    # as vLLM does
+    if unknown := sorted(body.keys() - HONOURED.keys() - NOT_YET.keys()): log.warning("Unknown fields ignored: %s", unknown[:20])
     if body.get("model") not in (None, self.model): raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
-    prompt, structured, parser = chat_request(self.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
+    prompt, structured, parser = chat_request(self.llm.engine.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
     max_tokens_field, context = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None), self.config.max_model_len
     max_tokens = body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1)   # default: the rest of the context
     if body.get("top_logprobs") and not body.get("logprobs"): raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
     try: params = SamplingParams(max_tokens=max_tokens, structured_outputs=structured, logprobs=body.get("top_logprobs") or 0 if body.get("logprobs")
                                  else None, **{k: body[k] for k in SAMPLING if body.get(k) is not None})
     except ParamError as e: raise APIError(str(e), param={"max_tokens": max_tokens_field, "logprobs": "top_logprobs"}.get(e.param, e.param))
-    if len(prompt) + params.max_tokens > context:
-      raise APIError(f"This model's maximum context length is {context} tokens. However, you requested {len(prompt) + params.max_tokens} "
-                     f"tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
+    if (total := len(prompt) + params.max_tokens) > context: raise APIError(f"This model's maximum context length is {context} tokens. "
+                   f"However, you requested {total} tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
     # n sequences take n of the batch's max_num_seqs slots for the whole request: half leaves room for everyone else
-    if params.n > (most_n := max(1, self.config.max_num_seqs // 2)):
-      raise APIError(f"n must be at most {most_n} (half of max_num_seqs), so one request cannot fill the running batch", param="n")
+    if params.n > (most_n := max(1, self.config.max_num_seqs // 2)): raise APIError(f"n must be at most {most_n} (half of max_num_seqs)", param="n")
     return prompt, params, body, parser
 
   def account(self, out, counts:list[int]):   # per-choice token counts; on the final output, the latency metrics
@@ -112,8 +101,8 @@ class OpenAIServer:
     if not out.finished or not (times := out.metrics): return
     self.latency["time_to_first_token"].observe(times["first_token_time"] - times["arrival_time"])
     self.latency["e2e_request_latency"].observe(times["finish_time"] - times["arrival_time"])
-    if max(counts) > 1:   # the longest choice ends last
-      self.latency["time_per_output_token"].observe((times["finish_time"] - times["first_token_time"]) / (max(counts) - 1))
+    # the longest choice ends last
+    if max(counts) > 1: self.latency["time_per_output_token"].observe((times["finish_time"] - times["first_token_time"]) / (max(counts) - 1))
     self.successes.labels(self.model, out.outputs[-1].finish_reason).inc()
 
   async def chat(self, request):
@@ -122,11 +111,15 @@ class OpenAIServer:
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": sum(counts), "total_tokens": len(prompt) + sum(counts)}
     async def choices():   # one path for both responses: each engine output as its choices' deltas, through chat.py's parsers
-      async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
-        async for out in outputs:
-          self.account(out, counts)
-          # text can lag tokens (partial UTF-8, held-back stop strings and tags): only choices that have something to say
-          yield [choice for output in out.outputs if (choice := parsers[output.index].feed(output))]
+      try:
+        async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
+          async for out in outputs:
+            self.account(out, counts)
+            # text can lag tokens (partial UTF-8, held-back stop strings and tags): only choices that have something to say
+            yield [choice for output in out.outputs if (choice := parsers[output.index].feed(output))]
+      except ValueError as e: raise APIError(str(e))   # the engine refused the request, and says why
+      # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message
+      except EngineError: raise APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
     if body.get("stream"):
       sse = lambda data: f"data: {json.dumps(data)}\n\n"
       chunk = lambda choices, **extra: sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
@@ -136,15 +129,13 @@ class OpenAIServer:
           try:
             async for step in stream: yield "".join(chunk([choice]) for choice in step)
             if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage())
-          except (EngineError, ValueError) as e: yield sse(engine_error(e).body())   # the 200 is sent: the error is an event, as in vLLM
+          except APIError as e: yield sse(e.body())   # the 200 is sent: the error is an event, as in vLLM
           yield "data: [DONE]\n\n"
       return SSEResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    async with contextlib.aclosing(choices()) as stream:
-      try:   # the parsers gather each choice's whole message
-        # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
-        async for _ in stream:
-          if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
-      except (EngineError, ValueError) as e: raise engine_error(e)
+    async with contextlib.aclosing(choices()) as stream:   # the parsers gather each choice's whole message
+      # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
+      async for _ in stream:
+        if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
     return JSONResponse({**head, "choices": [p.reply() for p in parsers], "usage": usage()})
 
   async def models(self, request):
@@ -157,8 +148,8 @@ class OpenAIServer:
   async def metrics(self, request): return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
   def collect(self):   # the engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape
-    bm, sch = self.llm.engine.block_manager, self.llm.engine.scheduler
-    running = {s.request_id for s in sch.running}   # requests, as vLLM counts them: n siblings are one request
+    # requests, as vLLM counts them: n siblings are one request
+    bm, sch = self.llm.engine.block_manager, self.llm.engine.scheduler; running = {s.request_id for s in sch.running}
     for name, value in {"vllm:num_requests_running": len(running), "vllm:num_requests_waiting": len({s.request_id for s in sch.waiting} - running),
                         "vllm:kv_cache_usage_perc": 1 - bm.num_free / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
                         "vllm:prefix_cache_hits_total": bm.hits, "vllm:num_preemptions_total": sch.num_preemptions,
@@ -171,17 +162,16 @@ class OpenAIServer:
 
 def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None) -> Starlette:
   server = OpenAIServer(llm, served_model_name, api_key)
-  routes = [Route("/v1/chat/completions", server.chat, methods=["POST"]), Route("/v1/models", server.models),
-            Route("/health", server.health), Route("/metrics", server.metrics)]
   # a bug's traceback goes to uvicorn's log, never to the client; a client that hangs up mid-upload is no error of ours (499, no traceback)
   not_found = lambda status: "NotFoundError" if status == 404 else "invalid_request_error"
   handlers = {APIError: lambda request, e: e.response(), ClientDisconnect: lambda request, e: Response(status_code=499),
               ParamError: lambda request, e: APIError(str(e), param=e.param).response(),   # a field out of range or shape: 400 naming it
               HTTPException: lambda request, e: APIError(e.detail, e.status_code, not_found(e.status_code), code=e.status_code).response(),
               Exception: lambda request, e: APIError("Internal server error", 500, "InternalServerError", code=500).response()}
-  return Starlette(routes=routes, exception_handlers=handlers)
+  return Starlette(exception_handlers=handlers, routes=[Route("/v1/chat/completions", server.chat, methods=["POST"]),
+                   Route("/v1/models", server.models), Route("/health", server.health), Route("/metrics", server.metrics)])
 
-def cli() -> argparse.ArgumentParser:
+def main():
   parser = argparse.ArgumentParser(description="tinyvllm's OpenAI-compatible server")
   # every engine option is a flag, described by the comment beside its field in config.py
   comments = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(Config), re.M))
@@ -193,10 +183,7 @@ def cli() -> argparse.ArgumentParser:
   parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/*")
   parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
   parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
-  return parser
-
-def main():
-  args = cli().parse_args(); logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  args = parser.parse_args(); logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   # the engine loads the model and captures its graphs before we listen, so the first request pays no JIT cost
   llm = AsyncLLM(Config(**{k: v for k, v in vars(args).items() if k in Config.__dataclass_fields__ and v is not None}))
   log.info("ready on http://%s:%d", args.host, args.port)
