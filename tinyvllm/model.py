@@ -56,10 +56,9 @@ def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
   hd, r = hf_config["head_dim"], hf_config["rope"]; inv = [hf_config["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
   if r.get("rope_type", r.get("type")) == "llama3":
     # Llama 3.1 rescales by wavelength: frequencies whose wavelength is short against the original context are kept, long ones are slowed
-    # by `factor`, and the band between blends the two (blend clamped to [0, 1] gives all three cases)
+    # by `factor`, and the band between blends the two (the blend b clamped to [0, 1] gives all three cases)
     orig, low, high = r["original_max_position_embeddings"], r["low_freq_factor"], r["high_freq_factor"]
-    blend = [min(max((orig * f / (2*math.pi) - low) / (high - low), 0), 1) for f in inv]
-    inv = [(1 - b) * f / r["factor"] + b * f for f, b in zip(inv, blend)]
+    inv = [(1 - (b := min(max((orig * f / (2*math.pi) - low) / (high - low), 0), 1))) * f / r["factor"] + b * f for f in inv]
   ang = Tensor.arange(max_len).float().reshape(-1, 1) * Tensor(inv).reshape(1, -1)
   return ang.cos().contiguous().realize(), ang.sin().contiguous().realize()
 
