@@ -74,9 +74,8 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
 def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[Tensor, Tensor, Tensor]:
   """Softmax partials (m, l, acc) of each token over the step's own tokens of its sequence up to itself (causal), through batched matmuls that
   tinygrad runs on tensor cores. A prefill chunk is dense causal attention; the block-diagonal mask separates the step's sequences."""
-  (N, H, D), KVH = q.shape, k.shape[1]
+  (N, H, D), KVH = q.shape, k.shape[1]; idx = Tensor.arange(N).to(q.device)
   s = q.reshape(N, KVH, H // KVH, D).permute(1, 2, 0, 3).matmul(k.permute(1, 2, 0).unsqueeze(1), dtype=dtypes.float) / math.sqrt(D)
-  idx = Tensor.arange(N).to(q.device)
   s = ((token_seq.unsqueeze(1) == token_seq.unsqueeze(0)) & (idx.unsqueeze(0) <= idx.unsqueeze(1))).where(s, -math.inf)  # (KVH, G, N, N)
   m = s.max(-1, keepdim=True); p = (s - m).exp()
   # probabilities in 16 bits, as flash-attention does. acc gets its own buffer: fused into the merge in paged_attention, P x V became a kernel
@@ -93,20 +92,18 @@ def paged_attention(q:Tensor, k:Tensor, v:Tensor, k_pool:Tensor, v_pool:Tensor, 
   assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
   # vLLM's split of prefill and decode attention: in prefill-sized steps the kernel reads only the cached prefix and the step's own tokens
   # meet through tensor-core matmuls. Smaller steps are mostly decodes (one in-step token each: the kernel alone is cheaper), and the
-  # (N, N) scores of larger ones grow quadratically, so those read everything through the kernel.
-  dense = DENSE_MIN <= N <= DENSE_MAX
-  # enough chunks to fill the GPU at small batches, few enough that the partial results stay small for prefill-sized steps
-  C, f32 = max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8))), dtypes.float
+  # (N, N) scores of larger ones grow quadratically, so those read everything through the kernel. C: enough chunks to fill the GPU at
+  # small batches, few enough that the partial results stay small for prefill-sized steps
+  dense, C = DENSE_MIN <= N <= DENSE_MAX, max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8)))
   fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[q.device].renderer.has_local)
   # with a one-row table token_seq is provably 0 and tinygrad drops it from the kernel's parameters, but tinygrad 0.14's CUDA graph still
   # passes every buffer, and building the graph fails ("invalid argument"): a second row keeps the signature whole
   if block_tables.shape[0] == 1: block_tables = block_tables.pad(((0, 1), None))
   # one output buffer holds each chunk's partial result: [acc (D), m, l]
-  part = Tensor.empty(N, H, C, D + 2, dtype=f32, device=q.device).custom_kernel(q, k_pool, v_pool, block_tables, token_seq,
-                                                                                cached_lens if dense else ctx_lens, fxn=fxn)[0]
+  part = Tensor.empty(N, H, C, D + 2, dtype=dtypes.float, device=q.device).custom_kernel(q, k_pool, v_pool, block_tables, token_seq,
+                                                                                         cached_lens if dense else ctx_lens, fxn=fxn)[0]
   m, l, acc = part[..., D], part[..., D+1], part[..., :D]
-  if dense:
-    dm, dl, dacc = in_step_attention(q, k, v, token_seq)
-    m, l, acc = m.cat(dm.unsqueeze(-1), dim=-1), l.cat(dl.unsqueeze(-1), dim=-1), acc.cat(dacc.unsqueeze(2), dim=2)
+  # the in-step attention's partials join as one more chunk
+  if dense: m, l, acc = [t.cat(d.unsqueeze(dim), dim=dim) for t, d, dim in zip((m, l, acc), in_step_attention(q, k, v, token_seq), (-1, -1, 2))]
   # each partial's weight; an empty chunk (m = -inf) weighs 0
   w = (m - m.max(-1, keepdim=True)).exp(); return ((acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(-1).unsqueeze(-1)).cast(q.dtype)

@@ -48,19 +48,17 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str,
   files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
   disk = {k: t for f in files for k, t in safe_load(os.path.join(model_dir, f)).items()}
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
-  def to_device(t:Tensor) -> Tensor:   # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
-    if t.dtype == dtypes.bfloat16: t = t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32)
-    return t.to(None).cast(dtype).realize()
-  return {k: to_device(disk[k]) for k in tqdm(shapes, desc="loading weights")}
+  # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
+  widen = lambda t: t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32) if t.dtype == dtypes.bfloat16 else t
+  return {k: widen(disk[k]).to(None).cast(dtype).realize() for k in tqdm(shapes, desc="loading weights")}
 
 def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
   hd, r = hf_config["head_dim"], hf_config["rope"]; inv = [hf_config["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
   if r.get("rope_type", r.get("type")) == "llama3":
     # Llama 3.1 rescales by wavelength: frequencies whose wavelength is short against the original context are kept, long ones are slowed
-    # by `factor`, and the band between blends the two (blend clamped to [0, 1] gives all three cases)
+    # by `factor`, and the band between blends the two (the blend b clamped to [0, 1] gives all three cases)
     orig, low, high = r["original_max_position_embeddings"], r["low_freq_factor"], r["high_freq_factor"]
-    blend = [min(max((orig * f / (2*math.pi) - low) / (high - low), 0), 1) for f in inv]
-    inv = [(1 - b) * f / r["factor"] + b * f for f, b in zip(inv, blend)]
+    inv = [(1 - (b := min(max((orig * f / (2*math.pi) - low) / (high - low), 0), 1))) * f / r["factor"] + b * f for f in inv]
   ang = Tensor.arange(max_len).float().reshape(-1, 1) * Tensor(inv).reshape(1, -1)
   return ang.cos().contiguous().realize(), ang.sin().contiguous().realize()
 
@@ -76,31 +74,28 @@ class Transformer:
     # and a layer's experts are stacked into one (E*rows, cols) matrix per projection, which the expert matmuls index by expert
     (moe, gate, up, down), E = hf_config["moe_names"], range(hf_config["num_experts"])
     stacked = {"experts.gate_up": [f"{moe}.experts.{e}.{n}" for e in E for n in (gate, up)], "experts.down": [f"{moe}.experts.{e}.{down}" for e in E]}
-    for i, (fused, parts) in itertools.product(range(hf_config["num_hidden_layers"]), (FUSED | stacked if E else FUSED).items()):
-      for kind in ("weight", "bias"):
-        if f"model.layers.{i}.{parts[0]}.{kind}" in weights:
-          weights[f"model.layers.{i}.{fused}.{kind}"] = Tensor.cat(*[weights.pop(f"model.layers.{i}.{n}.{kind}") for n in parts]).realize()
+    for i, (fused, parts), kind in itertools.product(range(hf_config["num_hidden_layers"]), (FUSED | stacked).items(), ("weight", "bias")):
+      # only where the layer has the parts: dense layers have no experts, and most models no biases
+      if (names := [f"model.layers.{i}.{n}.{kind}" for n in parts]) and names[0] in weights:
+        weights[f"model.layers.{i}.{fused}.{kind}"] = Tensor.cat(*map(weights.pop, names)).realize()
     self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])   # tied embeddings share the matrix
 
   def norm(self, x:Tensor, name:str) -> Tensor:
     xf = x.float(); return (xf * (xf.square().mean(-1, keepdim=True) + self.hf_config["rms_norm_eps"]).rsqrt()).cast(x.dtype) * self.w[name]
 
   def linear(self, x:Tensor, name:str) -> Tensor:
-    w, b = self.w[name+".weight"], self.w.get(name+".bias")
-    # on Hopper our wgmma kernel (gemm.py); elsewhere tinygrad's own schedule
-    return x.linear(w.T, b) if (y := gemm.matmul(x, w)) is None else y if b is None else y + b
+    y = gemm.matmul(x, self.w[name+".weight"]); return y if (b := self.w.get(name+".bias")) is None else y + b
 
   def logits(self, h:Tensor) -> Tensor:
     """h (R, D) final hidden -> (R, vocab) float logits."""
-    return (y if (y := gemm.matmul(h, self.lm_head)) is not None else h @ self.lm_head.T).float()
+    return gemm.matmul(h, self.lm_head).float()
 
   def rope(self, x:Tensor, cos:Tensor, sin:Tensor) -> Tensor:   # Hugging Face's rotate_half layout
     x1, x2 = x.chunk(2, -1); return (x1*cos - x2*sin).cat(x2*cos + x1*sin, dim=-1).cast(x.dtype)
 
   def __call__(self, tokens:Tensor, positions:Tensor, attention) -> Tensor:
     """tokens, positions: (N,) flattened over the step's sequences; attention(layer, q, k, v) -> (N, H, hd). Returns final hidden (N, D)."""
-    hf_config, N = self.hf_config, tokens.shape[0]
-    hd, H, KV = hf_config["head_dim"], hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
+    hf_config, N = self.hf_config, tokens.shape[0]; hd, H, KV = (hf_config[k] for k in ("head_dim", "num_attention_heads", "num_key_value_heads"))
     cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1); x = self.w["model.embed_tokens.weight"][tokens]
     for i in range(hf_config["num_hidden_layers"]):
       p = f"model.layers.{i}."; h = self.norm(x, p+"input_layernorm.weight")

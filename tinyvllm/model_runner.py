@@ -1,4 +1,4 @@
-import itertools, typing, logging, lzma, os, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
+import functools, itertools, typing, logging, lzma, os, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import tqdm, diskcache_get, diskcache_put, db_connection, CACHELEVEL
 from tinyvllm.config import Config
@@ -32,20 +32,17 @@ class ModelRunner:
   """Turns a scheduled batch into one forward pass over the flattened tokens of all its sequences (prefill chunks and decodes alike),
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs)."""
   def __init__(self, config:Config, model_dir:str):
-    self.config, self.device, start = config, Device.DEFAULT, time.perf_counter()
-    self.hf_config = hf_config = read_config(model_dir)
+    start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
     # on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
     # before the weights: the kernels that load them are in the stored caches too
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {hf_config}") or ()): cache.update(stored)
     self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
-    weights = load_weights(model_dir, hf_config, self.dtype, dummy=config.load_format == "dummy")
-    self.model = Transformer(hf_config, weights, self.max_model_len)
+    self.model = Transformer(hf_config, load_weights(model_dir, hf_config, self.dtype, dummy=config.load_format == "dummy"), self.max_model_len)
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
-    enough = config.max_num_seqs * self.max_model_len // block_size * bytes_per_block / 1e9
-    kv_gb = config.kv_cache_memory if config.kv_cache_memory is not None else self.default_kv_gb(enough)
+    kv_gb = config.kv_cache_memory if config.kv_cache_memory is not None else self.default_kv_gb(bytes_per_block)
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1)
     self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)   # one sequence must always fit, or preemption can't help
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
@@ -57,22 +54,24 @@ class ModelRunner:
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
     self.step_buffer = Tensor(np.zeros(top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS)), np.int32)).realize()
-    # TinyJit graphs (the model's by token bucket, the sampler's by row count), all-ones grammar masks by row count, llguidance's thread pool
-    self.graphs, self.no_grammar, self.grammar_pool = {}, {}, llguidance.LLExecutor()
+    # TinyJit graphs (the model's by token bucket, the sampler's by row count), llguidance's thread pool
+    self.graphs, self.grammar_pool = {}, llguidance.LLExecutor()
+    # a batch that only uses top-k/top-p reuses one all-ones grammar mask per row count, uploaded once instead of every step
+    self.no_grammar = functools.cache(lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).realize())
 
   def pick_dtype(self, hf_config:dict):
     """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
     can't build is refused here, in one sentence, not deep inside the first kernel."""
-    checkpoint = hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32"
-    name = "float32" if self.device == "CPU" else "bfloat16" if checkpoint == "bfloat16" else "float16"
+    name = "float32" if self.device == "CPU" else "bfloat16" if (hf_config.get("torch_dtype") or hf_config.get("dtype")) == "bfloat16" else "float16"
     dtype = getattr(dtypes, name := name if self.config.dtype == "auto" else self.config.dtype)
     try: (Tensor([1.5], dtype=dtype) * 2).realize()
     except Exception as e:
       raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
     return dtype
 
-  def default_kv_gb(self, enough:float) -> float:
-    if self.device != "CUDA": return min(enough, 4.0)
+  def default_kv_gb(self, bytes_per_block:int) -> float:
+    # enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB
+    if self.device != "CUDA": return min(self.config.max_num_seqs * self.max_model_len // self.config.block_size * bytes_per_block / 1e9, 4.0)
     import ctypes, tinygrad.runtime.autogen.cuda as cuda   # the one device where tinygrad can tell us free memory: take 90% of it
     # free and total bytes
     cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); return 0.9 * free.value / 1e9
@@ -81,9 +80,8 @@ class ModelRunner:
     """The decoder over the step's tokens; returns the logits of the rows that sample."""
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
-    def attention(layer:int, q:Tensor, k:Tensor, v:Tensor) -> Tensor:
-      return paged_attention(q, k, v, *kv_write(*self.kv[layer], inputs["slots"], k, v), block_tables, inputs["token_seq"],
-                             inputs["positions"], inputs["cached_lens"], self.config.block_size)
+    attention = lambda layer, q, k, v: paged_attention(q, k, v, *kv_write(*self.kv[layer], inputs["slots"], k, v), block_tables,
+                                                       inputs["token_seq"], inputs["positions"], inputs["cached_lens"], self.config.block_size)
     # only the rows that sample need the LM head
     return self.model.logits(self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]])
 
@@ -146,13 +144,10 @@ class ModelRunner:
 
   def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
     """Each sampled row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
-    # a batch that only uses top-k/top-p reuses one all-ones mask per row count, uploaded once instead of every step
-    if not (rows := [(seq.matcher, row) for row, seq in enumerate(sampled) if seq.matcher]) and num_rows in self.no_grammar:
-      return self.no_grammar[num_rows]
-    words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
+    if not (rows := [(seq.matcher, row) for row, seq in enumerate(sampled) if seq.matcher]): return self.no_grammar(num_rows)
     # on llguidance's thread pool, while the GPU runs the step's forward pass (launched before this is called)
-    if rows: llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words)
-    return Tensor(words) if rows else self.no_grammar.setdefault(num_rows, Tensor(words).realize())
+    words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
+    llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words); return Tensor(words)
 
   def capture_graphs(self):
     """Capture every step graph before serving, so no request pays for compiling or capturing one. BEAM, when asked for, tunes only the

@@ -82,6 +82,5 @@ def logprobs(logits:Tensor, tokens:Tensor) -> Tensor:
 
 def unpack_logprobs(row:np.ndarray, num_top:int) -> dict[int, Logprob]:
   """One row of logprobs() as vLLM's {token id: Logprob}: the sampled token first, then the num_top most likely ones."""
-  floats, top = row.view(np.float32), slice(3, 3 + num_top)
-  return {int(row[0]): Logprob(float(floats[2]), int(row[1]))} | {int(i): Logprob(float(lp), rank) for rank, (i, lp) in
-                                                                  enumerate(zip(row[top], floats[3 + MAX_LOGPROBS:][:num_top]), 1)}
+  ints, floats = row.tolist(), row.view(np.float32).tolist()
+  return {ints[0]: Logprob(floats[2], ints[1])} | {ints[2 + rank]: Logprob(floats[2 + MAX_LOGPROBS + rank], rank) for rank in range(1, num_top + 1)}
