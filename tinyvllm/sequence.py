@@ -50,7 +50,7 @@ Logprob = collections.namedtuple("Logprob", "logprob rank")   # vLLM's: a token'
 @dataclass
 class CompletionOutput:
   index: int; text: str; token_ids: list[int]
-  finish_reason: str | None = None       # "stop", "length" or "abort"
+  finish_reason: str | None = None       # "stop" or "length" (an aborted request gets no more outputs)
   stop_reason: str | int | None = None   # the stop string or stop token id that ended it (None for EOS, length or abort), as in vLLM
   logprobs: list[dict[int, Logprob]] | None = None   # per token: the sampled token and the top SamplingParams.logprobs ones
   cumulative_logprob: float | None = None            # the sum of the sampled tokens' logprobs so far

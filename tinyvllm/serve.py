@@ -21,7 +21,7 @@ HONOURED = {field: kinds for kinds, fields in [((str,), "model user safety_ident
   ((bool,), "stream ignore_eos include_stop_str_in_output logprobs"), ((list,), "messages stop_token_ids tools"),
   ((dict,), "stream_options response_format structured_outputs chat_template_kwargs")] for field in fields.split()}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
-# other value is a 400 naming the field. Issue #14 turns most of them into features.
+# other value is a 400 naming the field (the penalties, logit_bias and min_tokens are the next ones to honour, issue #27 item 4).
 NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message"), ([1], "repetition_penalty best_of"),
   ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"), ([0], "presence_penalty frequency_penalty min_tokens"),
   ([[]], "functions bad_words"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
