@@ -29,7 +29,6 @@ class LLMEngine:
     # get, still on the GPU
     self.requests, self.in_flight = {}, ([], None)
     self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
-    if not config.enforce_eager: self.runner.capture_graphs()
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams) -> tuple[list[int], str | None]:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
@@ -60,7 +59,7 @@ class LLMEngine:
     """One engine iteration, overlapped with the GPU as in vLLM's async scheduling: step N+1 is scheduled and packed while the GPU runs
     step N; step N's tokens are waited for only then (they are N+1's inputs), and detokenized and stop-checked while the GPU runs N+1.
     Returns a delta (new text and token ids) for each request whose sequences produced output."""
-    batch, (seqs, sampled) = self.scheduler.schedule(), self.in_flight
+    batch, (seqs, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
       kept = self.scheduler.receive(seqs, sampled.numpy()[:len(seqs)] if seqs else [])   # a row per token: it, then its logprobs where asked
@@ -85,7 +84,10 @@ class LLMEngine:
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
-  def __init__(self, model:str|None=None, device:str|None=None, **kwargs): self.engine = LLMEngine(Config(model=model, device=device, **kwargs))
+  def __init__(self, model:str|None=None, device:str|None=None, **kwargs):
+    self.engine = LLMEngine(Config(model=model, device=device, **kwargs))
+    # every graph before the first batch: the buckets a step may use never depend on timing, so offline runs are repeatable
+    for _ in tqdm(range(len(self.engine.runner.pending)), desc="capturing step graphs"): self.engine.runner.capture_next()
 
   def generate(self, prompts, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
     """prompts: one prompt or a list of them, in any of vLLM's forms (see LLMEngine.check). Every prompt and grammar is checked before any
@@ -126,7 +128,13 @@ class AsyncLLM:
     threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
   def loop(self):
-    while self.work.wait():
+    while True:
+      # no request running: the next pending graph is captured (one at a time, so a request arriving meanwhile waits for one capture at
+      # most) and frozen with the rest
+      if not self.work.wait(0 if self.engine.runner.pending else None):
+        try: self.engine.runner.capture_next(); gc.collect(); gc.freeze()
+        except Exception: log.exception("capturing a step graph failed: steps keep to the graphs captured before")
+        continue
       outs: list[tuple[str, RequestOutput | Exception]] = []   # (request id, its output or its error)
       while not self.inbox.empty():
         request_id, prompt, params = self.inbox.get()

@@ -1,6 +1,6 @@
-import functools, itertools, typing, logging, lzma, os, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
+import bisect, functools, itertools, typing, logging, lzma, os, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
-from tinygrad.helpers import tqdm, diskcache_get, diskcache_put, db_connection, CACHELEVEL
+from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL
 from tinyvllm.config import Config
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.attention import words, kv_write, paged_attention
@@ -32,14 +32,15 @@ class ModelRunner:
   """Turns a scheduled batch into one forward pass over the flattened tokens of all its sequences (prefill chunks and decodes alike),
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs)."""
   def __init__(self, config:Config, model_dir:str):
-    start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
+    self.start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
     # on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
     # before the weights: the kernels that load them are in the stored caches too
-    for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {hf_config}") or ()): cache.update(stored)
+    self.cache_key = f"{self.device} {hf_config}"
+    for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
     self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
     self.model = Transformer(hf_config, load_weights(model_dir, hf_config, self.dtype, dummy=config.load_format == "dummy"), self.max_model_len)
-    log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
+    log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - self.start)
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
     kv_gb = config.kv_cache_memory if config.kv_cache_memory is not None else self.default_kv_gb(bytes_per_block)
@@ -49,7 +50,7 @@ class ModelRunner:
     self.kv = [[words(Tensor.zeros(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
     self.max_blocks = -(-self.max_model_len // block_size)
-    top = max(config.max_num_batched_tokens, config.max_num_seqs); self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
+    top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
     self.max_rows = min(top, config.max_num_seqs * (1 + config.speculative_ngram))   # a row samples per sequence, and per draft
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
@@ -58,6 +59,14 @@ class ModelRunner:
     self.graphs, self.grammar_pool = {}, llguidance.LLExecutor()
     # a batch that only uses top-k/top-p reuses one all-ones grammar mask per row count, uploaded once instead of every step
     self.no_grammar = functools.cache(lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).realize())
+    # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
+    # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
+    # server's idle time). A step runs in the smallest captured bucket that holds it, so the token budget is the largest captured yet
+    units, ready = [(n, *variant) for variant in ((0, 0), (1, 0), (1, 1)) for n in buckets], ((1, 0, 0), (min(64, top), 0, 0))
+    self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda unit: unit not in ready))
+    self.stored = list(map(len, STORED_CACHES))   # the stored caches' sizes as read: written back only if capturing adds to them
+    while self.pending and self.pending[0] in ready: self.capture_next()
+    log.info("ready after %.1f s: %d step graphs captured, %d more to capture", time.perf_counter() - self.start, len(self.graphs), len(self.pending))
 
   def pick_dtype(self, hf_config:dict):
     """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
@@ -149,13 +158,15 @@ class ModelRunner:
     words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
     llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words); return Tensor(words)
 
-  def capture_graphs(self):
-    """Capture every step graph before serving, so no request pays for compiling or capturing one. BEAM, when asked for, tunes only the
-    decode-sized graphs."""
-    start, sizes = time.perf_counter(), list(map(len, STORED_CACHES))
-    for num_tokens, variant in tqdm(list(itertools.product(self.buckets, ((0, 0), (1, 0), (1, 1)))), desc="capturing step graphs"):
-      with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.prepare([], num_tokens, *variant)[0]()
+  def capture_next(self):
+    """Capture the next pending unit; once the last is in, store the caches it filled. BEAM, when asked for, tunes only the decode-sized
+    graphs."""
+    num_tokens, filtered, with_logprobs = unit = self.pending.pop(0)
+    with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
+    if not filtered: bisect.insort(self.buckets, num_tokens)
+    if self.pending: return
     # how many kernels it lowered and compiled says whether cache.db held them
-    log.info("captured %d step graphs in %.1f s: %d kernels lowered", len(self.graphs), time.perf_counter() - start, len(STORED_CACHES[1]) - sizes[1])
+    log.info("all %d step graphs captured after %.1f s: %d kernels lowered", len(self.graphs), time.perf_counter() - self.start,
+             len(STORED_CACHES[1]) - self.stored[1])
     # written back only if this start-up added to them: pickling ~40 MB takes seconds
-    if list(map(len, STORED_CACHES)) != sizes: diskcache_put("tinyvllm_caches", f"{self.device} {self.hf_config}", tuple(map(dict, STORED_CACHES)))
+    if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", self.cache_key, tuple(map(dict, STORED_CACHES)))

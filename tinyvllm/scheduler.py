@@ -29,10 +29,10 @@ class Scheduler:
     self.waiting, self.running = deque(), []; self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
     self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0   # verifications, tokens proposed, tokens kept
 
-  def schedule(self) -> list[tuple[Sequence, int]]:
+  def schedule(self, max_tokens:float=float("inf")) -> list[tuple[Sequence, int]]:
     """Returns (sequence, number of its tokens to compute this step); a sequence whose last token is computed samples one more, and one
-    after each of its drafts."""
-    budget, batch, k, context = self.config.max_num_batched_tokens, [], self.config.speculative_ngram, self.config.max_model_len
+    after each of its drafts. max_tokens: the largest step the runner has a graph for yet, if under the configured budget."""
+    budget, batch, k, context = min(max_tokens, self.config.max_num_batched_tokens), [], self.config.speculative_ngram, self.config.max_model_len
     for seq in list(self.running):
       # preempted below while making room for an earlier sequence; or its drafts are being verified: where it goes on is not known yet
       if seq.status != Status.RUNNING or seq.drafts: continue
