@@ -60,18 +60,20 @@ def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_t
   llm = AsyncLLM(Config(device="CPU", max_num_seqs=32, enable_prefix_caching=False))   # the second time, the prompt is computed again
   runner, steps, prepare = llm.engine.runner, [], llm.engine.runner.prepare
   runner.prepare = lambda batch, *args: steps.append(sum(k for _, k in batch)) or prepare(batch, *args)   # each step's token count
-  assert runner.pending and runner.buckets[-1] == 64
-  with TestClient(build_app(llm)) as client: assert client.get("/health").status_code == 200
-  prompt = [1] + np.random.default_rng(0).integers(3, 512, 449).tolist()
-  async def stream(params:SamplingParams) -> tuple[list[int], float]:   # the tokens, and the longest wait between two of them
-    ids, times = [], []
-    async for out in llm.generate(prompt, params, uuid.uuid4().hex): ids += out.outputs[0].token_ids; times.append(time.monotonic())
-    return ids, max(np.diff(times))
-  requests = [SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=32)]
-  at_ready = [asyncio.run(stream(params)) for params in requests]
-  assert max(steps) == 64 and at_ready[0][1] < 1.5   # chunked to the largest bucket captured; the plain request waited for no capture
-  deadline = time.monotonic() + 300
-  while runner.pending: assert time.monotonic() < deadline, runner.pending; time.sleep(0.1)
+  try:
+    assert runner.pending and runner.buckets[-1] == 64
+    with TestClient(build_app(llm)) as client: assert client.get("/health").status_code == 200
+    prompt = [1] + np.random.default_rng(0).integers(3, 512, 449).tolist()
+    async def stream(params:SamplingParams) -> tuple[list[int], float]:   # the tokens, and the longest wait between two of them
+      ids, times = [], []
+      async for out in llm.generate(prompt, params, uuid.uuid4().hex): ids += out.outputs[0].token_ids; times.append(time.monotonic())
+      return ids, max(np.diff(times))
+    requests = [SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=32)]
+    at_ready = [asyncio.run(stream(params)) for params in requests]
+    assert max(steps) == 64 and at_ready[0][1] < 1.5   # chunked to the largest bucket captured; the plain request waited for no capture
+  finally:   # every graph in before the test ends: an engine still capturing would share tinygrad with the next test's
+    deadline = time.monotonic() + 300
+    while runner.pending: assert time.monotonic() < deadline, runner.pending; time.sleep(0.1)
   assert runner.buckets == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512] and len(runner.graphs) == 10 + 3 * 6   # sampler rows: 1-32
   steps.clear()
   assert [asyncio.run(stream(params))[0] for params in requests] == [ids for ids, _ in at_ready] and max(steps) == 450

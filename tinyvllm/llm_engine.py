@@ -133,7 +133,7 @@ class AsyncLLM:
       # most) and frozen with the rest
       if not self.work.wait(0 if self.engine.runner.pending else None):
         try: self.engine.runner.capture_next(); gc.collect(); gc.freeze()
-        except Exception: log.exception("capturing a step graph failed: steps keep to the graphs captured before")
+        except Exception: log.exception("capturing a step graph failed: steps keep to the graphs captured before"); self.engine.runner.pending.pop(0)
         continue
       outs: list[tuple[str, RequestOutput | Exception]] = []   # (request id, its output or its error)
       while not self.inbox.empty():

@@ -1,6 +1,6 @@
-import bisect, functools, itertools, typing, logging, lzma, os, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
+import functools, itertools, typing, logging, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
-from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL
+from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
 from tinyvllm.config import Config
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.attention import words, kv_write, paged_attention
@@ -38,6 +38,8 @@ class ModelRunner:
     # before the weights: the kernels that load them are in the stored caches too
     self.cache_key = f"{self.device} {hf_config}"
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
+    # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
+    if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
     self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
     self.model = Transformer(hf_config, load_weights(model_dir, hf_config, self.dtype, dummy=config.load_format == "dummy"), self.max_model_len)
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - self.start)
@@ -159,14 +161,13 @@ class ModelRunner:
     llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words); return Tensor(words)
 
   def capture_next(self):
-    """Capture the next pending unit; once the last is in, store the caches it filled. BEAM, when asked for, tunes only the decode-sized
-    graphs."""
-    num_tokens, filtered, with_logprobs = unit = self.pending.pop(0)
-    with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
-    if not filtered: bisect.insort(self.buckets, num_tokens)
-    if self.pending: return
-    # how many kernels it lowered and compiled says whether cache.db held them
-    log.info("all %d step graphs captured after %.1f s: %d kernels lowered", len(self.graphs), time.perf_counter() - self.start,
-             len(STORED_CACHES[1]) - self.stored[1])
-    # written back only if this start-up added to them: pickling ~40 MB takes seconds
-    if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", self.cache_key, tuple(map(dict, STORED_CACHES)))
+    """Capture the first pending unit (pending until it is in); after the last, store the caches it filled. BEAM, when asked for, tunes
+    only the decode-sized graphs."""
+    with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
+    self.buckets = sorted({*self.buckets, unit[0]})   # each unit captures its bucket's model graph
+    if len(self.pending) == 1:   # how many kernels it lowered and compiled says whether cache.db held them
+      log.info("all %d step graphs captured after %.1f s: %d kernels lowered", len(self.graphs), time.perf_counter() - self.start,
+               len(STORED_CACHES[1]) - self.stored[1])
+      # written back only if this start-up added to them: pickling ~40 MB takes seconds
+      if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", self.cache_key, tuple(map(dict, STORED_CACHES)))
+    self.pending.pop(0)
