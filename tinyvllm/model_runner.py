@@ -32,17 +32,16 @@ class ModelRunner:
   """Turns a scheduled batch into one forward pass over the flattened tokens of all its sequences (prefill chunks and decodes alike),
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs)."""
   def __init__(self, config:Config, model_dir:str):
-    self.start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
+    start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
     # on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
     # before the weights: the kernels that load them are in the stored caches too
-    self.cache_key = f"{self.device} {hf_config}"
-    for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
+    for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {hf_config}") or ()): cache.update(stored)
     # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
     if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
     self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
     self.model = Transformer(hf_config, load_weights(model_dir, hf_config, self.dtype, dummy=config.load_format == "dummy"), self.max_model_len)
-    log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - self.start)
+    log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
     kv_gb = config.kv_cache_memory if config.kv_cache_memory is not None else self.default_kv_gb(bytes_per_block)
@@ -57,8 +56,9 @@ class ModelRunner:
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
     self.step_buffer = Tensor(np.zeros(top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS)), np.int32)).realize()
-    # TinyJit graphs (the model's by token bucket, the sampler's by row count), llguidance's thread pool
-    self.graphs, self.grammar_pool = {}, llguidance.LLExecutor()
+    # TinyJit graphs (the model's by token bucket, the sampler's by row count), llguidance's thread pool, and the sizes of the stored caches
+    # as read (written back only if capturing adds to them)
+    self.graphs, self.grammar_pool, self.stored = {}, llguidance.LLExecutor(), list(map(len, STORED_CACHES))
     # a batch that only uses top-k/top-p reuses one all-ones grammar mask per row count, uploaded once instead of every step
     self.no_grammar = functools.cache(lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).realize())
     # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
@@ -66,19 +66,17 @@ class ModelRunner:
     # server's idle time). A step runs in the smallest captured bucket that holds it, so the token budget is the largest captured yet
     units, ready = [(n, *variant) for variant in ((0, 0), (1, 0), (1, 1)) for n in buckets], ((1, 0, 0), (min(64, top), 0, 0))
     self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda unit: unit not in ready))
-    self.stored = list(map(len, STORED_CACHES))   # the stored caches' sizes as read: written back only if capturing adds to them
     while self.pending and self.pending[0] in ready: self.capture_next()
-    log.info("ready after %.1f s: %d step graphs captured, %d more to capture", time.perf_counter() - self.start, len(self.graphs), len(self.pending))
+    log.info("ready after %.1f s: %d step graphs captured, %d more to capture", time.perf_counter() - start, len(self.graphs), len(self.pending))
 
   def pick_dtype(self, hf_config:dict):
     """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
     can't build is refused here, in one sentence, not deep inside the first kernel."""
     name = "float32" if self.device == "CPU" else "bfloat16" if (hf_config.get("torch_dtype") or hf_config.get("dtype")) == "bfloat16" else "float16"
     dtype = getattr(dtypes, name := name if self.config.dtype == "auto" else self.config.dtype)
-    try: (Tensor([1.5], dtype=dtype) * 2).realize()
+    try: (Tensor([1.5], dtype=dtype) * 2).realize(); return dtype
     except Exception as e:
       raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
-    return dtype
 
   def default_kv_gb(self, bytes_per_block:int) -> float:
     # enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB
@@ -135,8 +133,7 @@ class ModelRunner:
     per_row = {"logits_idx": logits_idx, "out_positions": positions[logits_idx] + 1} | {name: values[row_seq] for name, values in
                (("seeds", seed), ("temperatures", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}
     for name, values in per_row.items(): rows[name][:len(row_seq)] = values
-    sampled = [batch[i][0] for i in row_seq]
-    with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
+    sampled = [batch[i][0] for i in row_seq]; with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
     filtered = filtered or with_logprobs or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
     def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit over the step buffer; the sizes (ints) are baked in at capture
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load): prune
@@ -160,14 +157,14 @@ class ModelRunner:
     words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
     llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words); return Tensor(words)
 
-  def capture_next(self):
-    """Capture the first pending unit (pending until it is in); after the last, store the caches it filled. BEAM, when asked for, tunes
-    only the decode-sized graphs."""
+  def capture_next(self) -> tuple:
+    """Capture the first pending unit, and return it (it stays pending until it is in); after the last, store the caches they filled. BEAM,
+    when asked for, tunes only the decode-sized graphs."""
     with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
-    self.buckets = sorted({*self.buckets, unit[0]})   # each unit captures its bucket's model graph
-    if len(self.pending) == 1:   # how many kernels it lowered and compiled says whether cache.db held them
-      log.info("all %d step graphs captured after %.1f s: %d kernels lowered", len(self.graphs), time.perf_counter() - self.start,
-               len(STORED_CACHES[1]) - self.stored[1])
-      # written back only if this start-up added to them: pickling ~40 MB takes seconds
-      if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", self.cache_key, tuple(map(dict, STORED_CACHES)))
-    self.pending.pop(0)
+    self.buckets = sorted({*self.buckets, unit[0]})   # each unit captures its bucket's model graph: steps may use the bucket now
+    if len(self.pending) > 1: return self.pending.pop(0)
+    # how many kernels they lowered and compiled says whether cache.db held them
+    log.info("all %d step graphs captured: %d kernels lowered", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])
+    # written back only if this start-up added to them: pickling ~40 MB takes seconds
+    if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.device} {self.hf_config}", STORED_CACHES)
+    return self.pending.pop(0)

@@ -1,5 +1,4 @@
-import time, numpy as np
-from collections import deque
+import collections, time, numpy as np
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status, CompletionOutput
 from tinyvllm.block_manager import BlockManager
@@ -26,7 +25,7 @@ class Scheduler:
   def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
     self.config, self.bm, self.eos_ids = config, block_manager, eos_ids
     # running in admission order: the last one is the first to be preempted
-    self.waiting, self.running = deque(), []; self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
+    self.waiting, self.running = collections.deque(), []; self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
     self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0   # verifications, tokens proposed, tokens kept
 
   def schedule(self, max_tokens:float=float("inf")) -> list[tuple[Sequence, int]]:
