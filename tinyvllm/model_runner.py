@@ -95,10 +95,10 @@ class ModelRunner:
     return self.model.logits(self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]])
 
   def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, with_logprobs:bool) -> Tensor:
-    """Sampling is a graph of its own in three variants, all captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
-    several passes over the vocabulary, and logprobs (with filters) many more, so a batch whose requests use none of them runs the plain
-    one. It reads the logits' rows and no per-token input: one graph serves every token bucket with that many rows. Returns a row per
-    sampled token: the token, then its logprobs where asked."""
+    """Sampling is a graph of its own in three variants: the filtering one (grammar masks, top-k, top-p) costs several passes over the
+    vocabulary, and logprobs (with filters) many more, so a batch whose requests use none of them runs the plain one. It reads the logits'
+    rows and no per-token input: one graph serves every token bucket with that many rows. Returns a row per sampled token: the token, then
+    its logprobs where asked."""
     inputs = {name: step_buffer[where] for name, where in step_layout(0, logits.shape[0], self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
