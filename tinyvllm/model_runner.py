@@ -63,10 +63,11 @@ class ModelRunner:
     self.no_grammar = functools.cache(lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).realize())
     # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
-    # server's idle time). A step runs in the smallest captured bucket that holds it, so the token budget is the largest captured yet
-    units, ready = [(n, *variant) for variant in ((0, 0), (1, 0), (1, 1)) for n in buckets], ((1, 0, 0), (min(64, top), 0, 0))
-    self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda unit: unit not in ready))
-    while self.pending and self.pending[0] in ready: self.capture_next()
+    # server's idle time), their filtering samplers first (top-p, grammars). A step runs in the smallest captured bucket that holds it,
+    # so the token budget is the largest captured yet
+    units, first = [(n, *variant) for variant in ((0, 0), (1, 0), (1, 1)) for n in buckets], [(n, f, 0) for f in (0, 1) for n in (1, min(64, top))]
+    self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
+    while self.pending and self.pending[0] in first[:2]: self.capture_next()
     log.info("ready after %.1f s: %d step graphs captured, %d more to capture", time.perf_counter() - start, len(self.graphs), len(self.pending))
 
   def pick_dtype(self, hf_config:dict):
