@@ -171,7 +171,7 @@ class ModelRunner:
     self.buckets = sorted({*self.buckets, unit[0]})   # each unit captures its bucket's model graph: steps may use the bucket now
     if len(self.pending) > 1: return self.pending.pop(0)
     # how many kernels they lowered and compiled says whether cache.db held them
-    log.info("all %d step graphs captured: %d kernels lowered", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])
+    log.info("all %d step graphs captured: %d kernels lowered after the first ones", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])
     # written back only if this start-up added to them: pickling ~40 MB takes seconds
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.device} {self.hf_config}", STORED_CACHES)
     return self.pending.pop(0)
