@@ -94,8 +94,7 @@ class OutputParser:
       self.json, text = self.json + text, ""
       if final or self.json.strip() and not self.json.lstrip().startswith("{"):
         if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
-        else: text = self.json
-        self.json = None
+        text, self.json = "" if call else self.json, None
     for field, value in self.router.route(text, final): merge(delta, {field: value})
     for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S):   # the calls, at the end
       call = part.startswith("<tool_call>") and self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))
