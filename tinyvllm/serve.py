@@ -11,7 +11,7 @@ from starlette.routing import Route
 from tinyvllm.config import Config
 from tinyvllm.sequence import ParamError, SamplingParams
 from tinyvllm.llm_engine import AsyncLLM, EngineError
-from tinyvllm.chat import request as chat_request
+from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, json_size, request as chat_request
 
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
@@ -76,6 +76,8 @@ class OpenAIServer:
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
     for field, value in ((field, value) for field, value in body.items() if value is not None):   # null means the default
+      # bounded before anything copies, renders or compiles it (chat.py)
+      if json_size(value) > MAX_VALUES: raise APIError(f"'{field}' nests over {MAX_DEPTH} levels or holds over {MAX_VALUES} values", param=field)
       if field in NOT_YET and value not in NOT_YET[field]: raise APIError(f"'{field}' is not supported yet", param=field)
       # the exact JSON type: true is no number
       if (expected := HONOURED.get(field)) and type(value) not in expected: raise APIError(f"'{field}' has the wrong type", param=field)
