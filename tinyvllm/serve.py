@@ -11,7 +11,7 @@ from starlette.routing import Route
 from tinyvllm.config import Config
 from tinyvllm.sequence import ParamError, SamplingParams
 from tinyvllm.llm_engine import AsyncLLM, EngineError
-from tinyvllm.chat import request as chat_request
+from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, json_size, request as chat_request
 
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
@@ -67,8 +67,7 @@ class OpenAIServer:
       raise APIError("The body must be JSON, sent as Content-Type: application/json", 415)
     raw = bytearray()
     async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
-      raw += chunk
-      if len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
+      if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
     return await asyncio.to_thread(self.parse, raw)
 
@@ -77,6 +76,8 @@ class OpenAIServer:
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
     for field, value in ((field, value) for field, value in body.items() if value is not None):   # null means the default
+      # bounded before anything copies, renders or compiles it (chat.py)
+      if json_size(value) > MAX_VALUES: raise APIError(f"'{field}' nests over {MAX_DEPTH} levels or holds over {MAX_VALUES} values", param=field)
       if field in NOT_YET and value not in NOT_YET[field]: raise APIError(f"'{field}' is not supported yet", param=field)
       # the exact JSON type: true is no number
       if (expected := HONOURED.get(field)) and type(value) not in expected: raise APIError(f"'{field}' has the wrong type", param=field)
@@ -121,8 +122,7 @@ class OpenAIServer:
       # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message
       except EngineError: raise APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
     if body.get("stream"):
-      sse = lambda data: f"data: {json.dumps(data)}\n\n"
-      chunk = lambda choices, **extra: sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
+      sse, chunk = lambda data: f"data: {json.dumps(data)}\n\n", lambda c, **kw: sse({**head, "object": "chat.completion.chunk", "choices": c, **kw})
       async def events():
         async with contextlib.aclosing(choices()) as stream:
           yield "".join(chunk([p.choice(None, delta={"role": "assistant", "content": ""})]) for p in parsers)
@@ -138,10 +138,9 @@ class OpenAIServer:
         if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
     return JSONResponse({**head, "choices": [p.reply() for p in parsers], "usage": usage()})
 
-  async def models(self, request):
-    self.authorize(request)
-    return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "tinyvllm",
-                                                     "root": self.model, "max_model_len": self.config.max_model_len}]})   # root: no local path
+  async def models(self, request):   # root: the model's name, never a local path
+    return self.authorize(request) or JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
+                                                    "owned_by": "tinyvllm", "root": self.model, "max_model_len": self.config.max_model_len}]})
 
   async def health(self, request): return Response(status_code=200 if self.llm.healthy else 503)
 
