@@ -1,11 +1,9 @@
 """The kernel room: a Hopper tensor-core GEMM, y = x @ w.T in bf16 with fp32 accumulation, as CUDA source that tinygrad launches as an
 Ops.PROGRAM through Tensor.custom_kernel, so it stays lazy and replays inside TinyJit's CUDA graph. tinygrad's own matmuls reach ~5% of
 cuBLAS on Hopper: they stage no tiles through shared memory and cannot use wgmma, which needs the sm_90a target tinygrad never sets."""
-import functools
+import functools, os
 from tinygrad import Tensor, Device, UOp, dtypes
-from tinygrad.uop.ops import Ops, KernelInfo, ProgramInfo, AxisType
-from tinygrad.dtype import AddrSpace
-from tinygrad.helpers import getenv
+from tinygrad.uop.ops import Ops, KernelInfo, ProgramInfo, AxisType, AddrSpace
 from tinygrad.renderer import Estimates
 
 # A CTA computes a BM x BN tile of C = A @ W^T (A: M x K, W: N x K, both K-contiguous, so HF weights need no transpose) with BM/64
@@ -52,7 +50,6 @@ extern "C" __global__ void __launch_bounds__(NT, 228*1024/(ST*SB+2048)) NAME(voi
   }
 }"""
 
-GEMV_ROWS_BESIDE_WGMMA = 4
 SMEM: dict[str, int] = {}   # dynamic shared memory each kernel launches with, by name
 
 @functools.cache
@@ -110,11 +107,11 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None) -> Tenso
   """x (M, K) @ w (N, K).T: decode-sized M through our GEMV on every device; larger M on a Hopper GPU under CUDA through our wgmma kernel
   (SM90A_GEMM=0 turns it off, to measure the portable path), elsewhere tinygrad's own matmul."""
   (M, K), N, dev, lanes = x.shape, w.shape[0], Device[x.device], 32 if Device[x.device].renderer.has_local else 1
-  wgmma = isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and dev.renderer.target.arch == "sm_90" and getenv("SM90A_GEMM", 1) \
+  wgmma = isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and dev.renderer.target.arch == "sm_90" and os.getenv("SM90A_GEMM") != "0" \
     and x.dtype == w.dtype == dtypes.bfloat16 and K % 64 == 0 and K >= 512 and N % 128 == 0
-  # the GEMV up to where wgmma's 64-row tiles, mostly padding, still read W faster (scripts/bench_gemv.py on an H100)
-  if M < (GEMV_ROWS_BESIDE_WGMMA if wgmma else 16) and x.dtype == w.dtype and (vec := next((v for v in (4, 2, 1) if K*x.dtype.itemsize//4 % (lanes*v) == 0), 0)):
-    return gemv(x, w, lanes, 2 if M >= 4 and N % 2 == 0 else 1, vec)
+  # the GEMV below 4 rows beside wgmma, whose 64-row tiles read W faster from there on (scripts/bench_gemv.py on an H100)
+  vec = next((v for v in (4, 2, 1) if (K * x.dtype.itemsize // 4) % (lanes * v) == 0), 0)   # words per load, as K allows
+  if M < (4 if wgmma else 16) and x.dtype == w.dtype and vec: return gemv(x, w, lanes, 2 if M >= 4 and N % 2 == 0 else 1, vec)
   if not wgmma: return x @ w.T
   BM, BN, ST, S = cfg or plan(M, N, K)
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result)
