@@ -128,6 +128,5 @@ class OutputParser:
 
   def call(self, text:str) -> dict | None:   # a tool call as OpenAI's delta, or None if the text is not one
     if not (self.tool_format and (parsed := parse_tool_call(text)) and isinstance(parsed[0], str) and isinstance(parsed[1], dict)): return None
-    self.calls += 1
-    return {"index": self.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": parsed[0], "arguments": json.dumps(parsed[1], ensure_ascii=False)}}
+    self.calls += 1; return {"index": self.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                             "function": {"name": parsed[0], "arguments": json.dumps(parsed[1], ensure_ascii=False)}}
