@@ -60,17 +60,6 @@ class OpenAIServer:
     if self.api_key and (scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), self.api_key.encode())):
       raise APIError("Incorrect API key provided.", 401, code="invalid_api_key")
 
-  async def read_request(self, request) -> tuple[list[int], SamplingParams, dict, typing.Callable]:
-    self.authorize(request)
-    if not self.llm.healthy: raise APIError("The engine has failed and cannot serve requests.", 503, "ServiceUnavailableError", code=503)
-    if request.headers.get("content-type", "application/json").split(";")[0].strip().lower() != "application/json":
-      raise APIError("The body must be JSON, sent as Content-Type: application/json", 415)
-    raw = bytearray()
-    async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
-      if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
-    # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
-    return await asyncio.to_thread(self.parse, raw)
-
   def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, dict, typing.Callable]:
     try: body = json.loads(raw, parse_constant=_reject)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
@@ -107,7 +96,16 @@ class OpenAIServer:
     self.successes.labels(self.model, out.outputs[-1].finish_reason).inc()
 
   async def chat(self, request):
-    prompt, params, body, parser = await self.read_request(request)
+    # the request itself first: its key, the engine's health, and a JSON body of at most MAX_BODY bytes
+    self.authorize(request)
+    if not self.llm.healthy: raise APIError("The engine has failed and cannot serve requests.", 503, "ServiceUnavailableError", code=503)
+    if request.headers.get("content-type", "application/json").split(";")[0].strip().lower() != "application/json":
+      raise APIError("The body must be JSON, sent as Content-Type: application/json", 415)
+    raw = bytearray()
+    async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
+      if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
+    # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
+    prompt, params, body, parser = await asyncio.to_thread(self.parse, raw)
     request_id, counts, parsers = f"chatcmpl-{uuid.uuid4().hex}", [0] * params.n, [parser(i, params.logprobs) for i in range(params.n)]
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": sum(counts), "total_tokens": len(prompt) + sum(counts)}
