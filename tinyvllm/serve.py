@@ -1,8 +1,7 @@
 """OpenAI-compatible HTTP server (`python -m tinyvllm.serve`): one AsyncLLM behind a small Starlette app, shaped like vLLM's api_server."""
 import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, time, typing, uuid
 import uvicorn
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, Metric, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -154,8 +153,9 @@ class OpenAIServer:
                         "vllm:spec_decode_num_drafts_total": sch.num_drafts, "vllm:spec_decode_num_draft_tokens_total": sch.num_draft_tokens,
                         "vllm:spec_decode_num_accepted_tokens_total": sch.num_accepted_tokens,
                         "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": bm.num_free}.items():   # raw counts: leak checks
-      family = (CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily)(name, name.split(":")[1], labels=["model_name"])
-      yield family.add_metric([self.model], value) or family
+      # a counter's family is named without the _total its sample carries, as prometheus_client's own counters are
+      family = Metric(name.removesuffix("_total"), name.split(":")[1], "counter" if name.endswith("_total") else "gauge")
+      yield family.add_sample(name, {"model_name": self.model}, value) or family
 
 def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None) -> Starlette:
   server = OpenAIServer(llm, served_model_name, api_key)
