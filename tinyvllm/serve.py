@@ -26,7 +26,6 @@ NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_s
   ([[]], "functions bad_words"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
   ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template "
                                   "guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
-SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # vLLM's latency histograms (vllm:NAME_seconds), with edges from 1 ms to 35 min doubling at each step
 HISTOGRAMS = ("time_to_first_token", "time_per_output_token", "e2e_request_latency")
 
@@ -74,10 +73,12 @@ class OpenAIServer:
     if body.get("model") not in (None, self.model): raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
     prompt, structured, parser = chat_request(self.llm.engine.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
     max_tokens_field, context = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None), self.config.max_model_len
-    max_tokens = body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1)   # default: the rest of the context
     if body.get("top_logprobs") and not body.get("logprobs"): raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-    try: params = SamplingParams(max_tokens=max_tokens, structured_outputs=structured, logprobs=body.get("top_logprobs") or 0 if body.get("logprobs")
-                                 else None, **{k: body[k] for k in SAMPLING if body.get(k) is not None})
+    # the sampling fields pass under their own names (vLLM's, as SamplingParams has them) but for these three, resolved from OpenAI's fields:
+    # max_tokens (by default the rest of the context), the structured output chat.py made, logprobs (as many as top_logprobs)
+    resolved = {"max_tokens": body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1), "structured_outputs": structured,
+                "logprobs": body.get("top_logprobs") or 0 if body.get("logprobs") else None}
+    try: params = SamplingParams(**{k: v for k, v in body.items() if k in SamplingParams.__dataclass_fields__ and v is not None} | resolved)
     except ParamError as e: raise APIError(str(e), param={"max_tokens": max_tokens_field, "logprobs": "top_logprobs"}.get(e.param, e.param))
     if (total := len(prompt) + params.max_tokens) > context: raise APIError(f"This model's maximum context length is {context} tokens. "
                    f"However, you requested {total} tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
