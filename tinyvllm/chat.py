@@ -5,8 +5,7 @@ parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
 
 The chat template says what the model was taught: Hermes <tool_call> tags (Qwen, Hermes) or Llama 3.x's bare JSON calls, and whether it
 reasons inside <think> tags (Qwen3, DeepSeek-R1 distills). Only templates that mention them get tools or reasoning."""
-import contextlib, copy, functools, json, re, typing, uuid
-import jinja2
+import contextlib, copy, functools, json, re, typing, uuid, jinja2
 from tinygrad.llm.serve import StreamRouter, normalize_messages, parse_tool_call
 from tinyvllm.sampler import compile_grammar
 from tinyvllm.sequence import ParamError

@@ -1,6 +1,5 @@
 """OpenAI-compatible HTTP server (`python -m tinyvllm.serve`): one AsyncLLM behind a small Starlette app, shaped like vLLM's api_server."""
-import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, time, typing, uuid
-import uvicorn
+import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, time, typing, uuid, uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, Metric, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException

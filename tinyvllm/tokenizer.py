@@ -1,5 +1,4 @@
-import datetime, json, os, pathlib, typing
-import jinja2, jinja2.ext, jinja2.sandbox, tokenizers
+import datetime, json, os, pathlib, typing, jinja2, jinja2.ext, jinja2.sandbox, tokenizers
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
 def _name(token): return token.get("content") if isinstance(token, dict) else token
