@@ -5,8 +5,7 @@ parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
 
 The chat template says what the model was taught: Hermes <tool_call> tags (Qwen, Hermes) or Llama 3.x's bare JSON calls, and whether it
 reasons inside <think> tags (Qwen3, DeepSeek-R1 distills). Only templates that mention them get tools or reasoning."""
-import contextlib, copy, functools, json, re, typing, uuid
-import jinja2
+import contextlib, copy, functools, json, re, typing, uuid, jinja2
 from tinygrad.llm.serve import StreamRouter, normalize_messages, parse_tool_call
 from tinyvllm.sampler import compile_grammar
 from tinyvllm.sequence import ParamError
@@ -128,6 +127,5 @@ class OutputParser:
 
   def call(self, text:str) -> dict | None:   # a tool call as OpenAI's delta, or None if the text is not one
     if not (self.tool_format and (parsed := parse_tool_call(text)) and isinstance(parsed[0], str) and isinstance(parsed[1], dict)): return None
-    self.calls += 1
-    return {"index": self.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": parsed[0], "arguments": json.dumps(parsed[1], ensure_ascii=False)}}
+    self.calls += 1; return {"index": self.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                             "function": {"name": parsed[0], "arguments": json.dumps(parsed[1], ensure_ascii=False)}}
