@@ -3,14 +3,15 @@
 
 --concurrency streaming chat clients send --num-prompts requests of random words, each with max_tokens=--output-len and ignore_eos, and
 we report TTFT p50/p99, TPOT p50/p99 (per request: (e2e - ttft) / (tokens - 1)) and overall output tok/s. --warmup-rounds rounds of
---concurrency requests run first and are not counted (tinyvllm captures its step graphs at start-up; other servers may compile lazily).
+--concurrency requests run first and are not counted (with --launch, tinyvllm is timed once every step graph is captured; other servers
+may compile lazily).
 
   python -m tinyvllm.serve --device CUDA --model DIR &  python scripts/bench_serving.py --url http://127.0.0.1:8000
   python scripts/bench_serving.py --launch --device CUDA --model DIR      # starts the server; unknown args are passed to it
   python scripts/bench_serving.py --launch --device CUDA --config llama-3.2-1b --kv-cache-memory 20   # dummy weights
 Uses the official `openai` client when it is installed, else raw httpx SSE.
 """
-import argparse, asyncio, json, os, random, subprocess, sys, time, urllib.parse
+import argparse, asyncio, json, os, random, re, subprocess, sys, threading, time, urllib.parse
 import httpx, numpy as np
 try: from openai import AsyncOpenAI
 except ImportError: AsyncOpenAI = None
@@ -67,18 +68,28 @@ async def run(args, url:str, prompts:list[str]) -> tuple[list, list, float]:
     return results, errors, time.perf_counter() - t
 
 def launch(args, server_args:list[str], url:str) -> subprocess.Popen:
+  """Starts the server and returns once it has every step graph: it is healthy (serves) once it has those of a decode and of a small
+  prefill chunk, and captures the others while idle, which a benchmark's steady load would leave no room for."""
   u = urllib.parse.urlparse(url)
   cmd = [sys.executable, "-m", "tinyvllm.serve", "--host", u.hostname, "--port", str(u.port or 80), *server_args]
   cmd += ["--api-key", args.api_key] if args.api_key else []
   print("launching:", " ".join(cmd), flush=True)
-  proc, t = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), time.perf_counter()
-  while time.perf_counter() - t < args.launch_timeout:   # start-up loads the model and captures the decode graphs: minutes on a GPU
-    if proc.poll() is not None: sys.exit(f"server exited with code {proc.returncode} before it was healthy")
+  proc, t, healthy, captured = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, text=True), time.perf_counter(), None, threading.Event()
+  def echo():   # the server's log, passed through; its line for the last graph (or, eager, for no graph to capture) is what we wait for
+    for line in proc.stdout:
+      print(line, end="", flush=True)
+      if re.search(r"all \d+ step graphs captured| 0 more to capture", line): captured.set()
+  threading.Thread(target=echo, daemon=True).start()
+  while time.perf_counter() - t < args.launch_timeout:   # start-up loads the model and captures the first graphs: a minute on a fresh GPU
+    if proc.poll() is not None: sys.exit(f"server exited with code {proc.returncode} before it was ready")
     try:
-      if httpx.get(f"{url}/health", timeout=2).status_code == 200: print(f"server healthy after {time.perf_counter() - t:.1f} s"); return proc
+      if healthy is None and httpx.get(f"{url}/health", timeout=2).status_code == 200:
+        print(f"server healthy after {(healthy := time.perf_counter() - t):.1f} s", flush=True)
     except httpx.TransportError: pass
-    time.sleep(1)
-  proc.terminate(); sys.exit(f"server not healthy after {args.launch_timeout} s")
+    if healthy is not None and captured.wait(1): print(f"all step graphs captured after {time.perf_counter() - t:.1f} s", flush=True); return proc
+    if healthy is None: time.sleep(1)
+  proc.terminate(); sys.exit(f"server not ready after {args.launch_timeout} s")
 
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

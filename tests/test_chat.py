@@ -3,7 +3,7 @@ chunks and one character at a time; prompts against transformers' apply_chat_tem
 in tests/data/llama3-tiktoken); forced tool-call grammars against llguidance on Llama 3's vocabulary; and the official openai client
 against live servers on a random-weight Qwen2 whose vocabulary holds Qwen's tags as tokens: a forced tool call always parses and validates
 (jsonschema is the judge), calls round-trip through tool messages, reasoning comes apart from content, bad requests are 400s by name."""
-import asyncio, contextlib, json, os, pathlib, shutil, subprocess, sys, tempfile, threading, zipfile
+import asyncio, contextlib, json, os, pathlib, shutil, subprocess, sys, tempfile, threading, time, zipfile
 import jsonschema, openai, pytest, torch, transformers
 from tinyvllm.chat import OutputParser, merge, request
 from tinyvllm.sampler import grammar_tokenizer
@@ -196,6 +196,8 @@ def live_server(path:pathlib.Path, eager:bool, batch:int=8):
   from tinyvllm.serve import build_app
   # CPU steps: eager ones cost ~1.5 s each here; captured graphs ~30 ms, after ~8 s of capture per graph (few buckets: 1, 2, 4, 8 tokens)
   engine = AsyncLLM(Config(model=str(path), device="CPU", enforce_eager=eager, max_num_seqs=batch, max_num_batched_tokens=batch, max_model_len=1024))
+  # every graph in (captured while idle) before serving: an engine still capturing would share tinygrad with the next test's engine
+  while engine.engine.runner.pending: time.sleep(0.05)
   server = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning"))
   thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
   thread.start()

@@ -1,6 +1,7 @@
 """The continuous-batching engine through the paged KV cache, against recorded transformers outputs and against itself run one request at a time."""
 import json, os, shutil, pytest, numpy as np, torch, transformers
-from tinyvllm import LLM, SamplingParams
+from tinyvllm import LLM, SamplingParams, Config
+from tinyvllm.llm_engine import LLMEngine
 from tinyvllm.config import BUNDLED_MODEL
 
 REF = json.load(open(os.path.join(os.path.dirname(__file__), "data", "reference.json")))["cases"]
@@ -15,6 +16,19 @@ def test_greedy_matches_transformers_reference(llm):
     assert out.outputs[0].token_ids == case["output_token_ids"]
     assert out.outputs[0].text == case["output_text_in_context"]
     assert out.outputs[0].finish_reason == ("stop" if case["stopped_at_eos"] else "length")
+
+def test_at_ready_a_long_prompt_is_chunked_to_the_captured_buckets():
+  """LLMEngine alone is ready with the graphs of a decode and of a 64-token chunk (the server captures the others while idle, LLM all of
+  them at once): a long prompt runs in 64-token steps and still gives transformers' greedy tokens."""
+  engine, steps = LLMEngine(Config(max_num_seqs=32)), []
+  prepare, prompt = engine.runner.prepare, (REF[0]["prompt_token_ids"] + REF[0]["output_token_ids"]) * 9   # 405 tokens
+  engine.runner.prepare = lambda batch, *args: steps.append(sum(k for _, k in batch)) or prepare(batch, *args)
+  engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+  ours = [token for _ in iter(engine.has_unfinished, False) for out in engine.step() for token in out.outputs[0].token_ids]
+  with torch.no_grad():
+    hf, ids = transformers.AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32), list(prompt)
+    for _ in range(24): ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+  assert engine.runner.buckets == [1, 64] and steps[:7] == [64] * 6 + [21] and ours == ids[len(prompt):]
 
 def mixed_prompts(n, vocab, seed=0):   # lengths from 1 token to well past the 64-token chunk
   rng = np.random.default_rng(seed)

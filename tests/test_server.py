@@ -32,6 +32,7 @@ def free_socket():
 @pytest.fixture(scope="module")
 def srv():
   llm = AsyncLLM(Config(device="CPU", max_num_seqs=32))
+  while llm.engine.runner.pending: time.sleep(0.05)   # every graph in (captured while idle), as the tests below expect
   sock, loop = free_socket(), asyncio.new_event_loop()
   server = uvicorn.Server(uvicorn.Config(build_app(llm), log_level="warning", timeout_graceful_shutdown=2))
   th = threading.Thread(target=lambda: loop.run_until_complete(server.serve(sockets=[sock])), daemon=True); th.start()

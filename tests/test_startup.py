@@ -7,12 +7,13 @@ CHILD = """
 import json, sys, tinygrad.schedule
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.model_runner import ModelRunner
-case, scheduled, capture, get_kernel_graph = json.loads(sys.argv[1]), [], ModelRunner.capture_graphs, tinygrad.schedule.get_kernel_graph
+case, scheduled, capturing, capture, get_kernel_graph = json.loads(sys.argv[1]), [], [], ModelRunner.capture_next, tinygrad.schedule.get_kernel_graph
 tinygrad.schedule.get_kernel_graph = lambda *args, **kwargs: scheduled.append(1) or get_kernel_graph(*args, **kwargs)
-def counted(self): capture(self); print(json.dumps({"scheduled_while_capturing": len(scheduled)}))
-ModelRunner.capture_graphs = lambda self: scheduled.clear() or counted(self)
+def counted(self): before = len(scheduled); capture(self); capturing.append(len(scheduled) - before)
+ModelRunner.capture_next = counted
 llm = LLM(device="CPU", max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128)
 out = llm.generate([case["prompt_token_ids"]], SamplingParams(temperature=0, max_tokens=case["num_new_tokens"]), use_tqdm=False)[0]
+print(json.dumps({"scheduled_while_capturing": sum(capturing), "captures": len(capturing), "graphs": len(llm.engine.runner.graphs)}))
 print(json.dumps({"token_ids": out.outputs[0].token_ids, "text": out.outputs[0].text}))
 """
 
@@ -25,6 +26,8 @@ def start_up(cache_db:str) -> dict:
 def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(tmp_path):
   first, second = start_up(str(tmp_path / "cache.db")), start_up(str(tmp_path / "cache.db"))
   assert first["scheduled_while_capturing"] > 0 and second["scheduled_while_capturing"] == 0
+  # 5 buckets (1-16) x 3 sampler variants: 5 model graphs, and 3 sampler graphs for each of the 3 row counts (1, 2, 4: max_num_seqs)
+  assert first["captures"] == second["captures"] == 15 and first["graphs"] == second["graphs"] == 5 + 3 * 3
   for run in (first, second): assert run["token_ids"] == CASE["output_token_ids"] and run["text"] == CASE["output_text_in_context"]
 
 def test_the_shipped_cache_only_adds_rows_that_cache_db_lacks(tmp_path):
@@ -44,3 +47,33 @@ def test_the_shipped_cache_only_adds_rows_that_cache_db_lacks(tmp_path):
   db.executescript(script)
   assert db.execute(f"SELECT val FROM '{table}' WHERE key = ?", (key,)).fetchone()[0] == b"\x00"
   assert {name: db.execute(f"SELECT count(*) FROM '{name}'").fetchone()[0] for name in tables} == tables
+
+def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_tokens():
+  """The server says ready (/health 200) once a decode and a 64-token prompt chunk can run; the other graphs are captured while no
+  request runs, one at a time, so a stream opened at ready never waits for one. A long prompt sent at ready, chunked to the captured
+  buckets, gives the tokens it gives once every graph is in, and every graph gets captured."""
+  import asyncio, time, uuid, numpy as np
+  from starlette.testclient import TestClient
+  from tinyvllm import Config, SamplingParams
+  from tinyvllm.llm_engine import AsyncLLM
+  from tinyvllm.serve import build_app
+  llm = AsyncLLM(Config(device="CPU", max_num_seqs=32, enable_prefix_caching=False))   # the second time, the prompt is computed again
+  runner, steps, prepare = llm.engine.runner, [], llm.engine.runner.prepare
+  runner.prepare = lambda batch, *args: steps.append(sum(k for _, k in batch)) or prepare(batch, *args)   # each step's token count
+  try:
+    assert runner.pending and runner.buckets[-1] == 64
+    with TestClient(build_app(llm)) as client: assert client.get("/health").status_code == 200
+    prompt = [1] + np.random.default_rng(0).integers(3, 512, 449).tolist()
+    async def stream(params:SamplingParams) -> tuple[list[int], float]:   # the tokens, and the longest wait between two of them
+      ids, times = [], []
+      async for out in llm.generate(prompt, params, uuid.uuid4().hex): ids += out.outputs[0].token_ids; times.append(time.monotonic())
+      return ids, max(np.diff(times))
+    requests = [SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=32)]
+    at_ready = [asyncio.run(stream(params)) for params in requests]
+    assert max(steps) == 64 and at_ready[0][1] < 1.5   # chunked to the largest bucket captured; the plain request waited for no capture
+  finally:   # every graph in before the test ends: an engine still capturing would share tinygrad with the next test's
+    deadline = time.monotonic() + 300
+    while runner.pending: assert time.monotonic() < deadline, runner.pending; time.sleep(0.1)
+  assert runner.buckets == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512] and len(runner.graphs) == 10 + 3 * 6   # sampler rows: 1-32
+  steps.clear()
+  assert [asyncio.run(stream(params))[0] for params in requests] == [ids for ids, _ in at_ready] and max(steps) == 450

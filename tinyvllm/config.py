@@ -28,8 +28,7 @@ class Config:
 def model_path(model:str|None) -> str:
   """A local folder as it is; otherwise a Hugging Face hub id, downloaded once into the hub's cache as vLLM does."""
   if model is None or os.path.isdir(model): return model or BUNDLED_MODEL
-  import huggingface_hub
-  try: return huggingface_hub.snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.jinja"])
+  try: import huggingface_hub; return huggingface_hub.snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.jinja"])
   except Exception as e:
     raise ValueError(f"model {model!r} is not a local folder and could not be fetched from the Hugging Face hub ({type(e).__name__})") from None
 

@@ -1,5 +1,4 @@
-import asyncio, dataclasses, gc, logging, os, queue, random, threading, time, uuid
-from tinygrad.helpers import tqdm
+import asyncio, dataclasses, gc, logging, os, queue, random, threading, time, uuid, tinygrad.helpers
 from tinyvllm.config import Config, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
 from tinyvllm.tokenizer import Tokenizer
@@ -27,9 +26,7 @@ class LLMEngine:
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
     # requests: request id -> its sequences (n of them for n > 1); in_flight: the launched step's sampling sequences and the tokens they
     # get, still on the GPU
-    self.requests, self.in_flight = {}, ([], None)
-    self.grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
-    if not config.enforce_eager: self.runner.capture_graphs()
+    self.requests, self.in_flight, self.grammar_tokenizer = {}, ([], None), grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams) -> tuple[list[int], str | None]:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
@@ -60,13 +57,12 @@ class LLMEngine:
     """One engine iteration, overlapped with the GPU as in vLLM's async scheduling: step N+1 is scheduled and packed while the GPU runs
     step N; step N's tokens are waited for only then (they are N+1's inputs), and detokenized and stop-checked while the GPU runs N+1.
     Returns a delta (new text and token ids) for each request whose sequences produced output."""
-    batch, (seqs, sampled) = self.scheduler.schedule(), self.in_flight
+    batch, (seqs, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
       kept = self.scheduler.receive(seqs, sampled.numpy()[:len(seqs)] if seqs else [])   # a row per token: it, then its logprobs where asked
       self.in_flight = (sampling, launch())
-      outputs = self.scheduler.postprocess(kept)
-      self.scheduler.advance(batch)
+      outputs = self.scheduler.postprocess(kept); self.scheduler.advance(batch)
     except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)
       for request_id in failed: self.abort(request_id)
@@ -85,7 +81,10 @@ class LLMEngine:
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
-  def __init__(self, model:str|None=None, device:str|None=None, **kwargs): self.engine = LLMEngine(Config(model=model, device=device, **kwargs))
+  def __init__(self, model:str|None=None, device:str|None=None, **kwargs):
+    self.engine = LLMEngine(Config(model=model, device=device, **kwargs))
+    # every graph before the first batch: the buckets a step may use never depend on timing, so offline runs are repeatable
+    for _ in tinygrad.helpers.tqdm(range(len(self.engine.runner.pending)), desc="capturing step graphs"): self.engine.runner.capture_next()
 
   def generate(self, prompts, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
     """prompts: one prompt or a list of them, in any of vLLM's forms (see LLMEngine.check). Every prompt and grammar is checked before any
@@ -97,7 +96,7 @@ class LLM:
     # each request queued, with an empty output per sequence that its deltas are added to
     results = {(rid := self.engine.add_request(ids, sp)): RequestOutput(rid, ids, [CompletionOutput(i, "", []) for i in range(sp.n)])
                for ids, sp in zip(prompt_ids, params)}
-    bar, start, num_tokens = tqdm(total=len(results), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
+    bar, start, num_tokens = tinygrad.helpers.tqdm(total=len(results), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
     try:
       while self.engine.has_unfinished():
         for out in self.engine.step():
@@ -122,11 +121,15 @@ class AsyncLLM:
     self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped
-    gc.collect(); gc.freeze()
-    threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
+    gc.collect(); gc.freeze(); threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
   def loop(self):
-    while self.work.wait():
+    while True:
+      # no request running: the next pending graph is captured, one at a time (a request that arrives meanwhile waits for one capture
+      # at most), and frozen out of the collector with the rest; one that fails is left out, and steps keep to the others
+      while not self.work.wait(0 if self.engine.runner.pending else None):
+        try: self.engine.runner.capture_next(); gc.collect(); gc.freeze()
+        except Exception: log.exception("capturing a step graph failed"); self.engine.runner.pending.pop(0)
       outs: list[tuple[str, RequestOutput | Exception]] = []   # (request id, its output or its error)
       while not self.inbox.empty():
         request_id, prompt, params = self.inbox.get()
@@ -140,8 +143,7 @@ class AsyncLLM:
         except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
       self.work.clear()   # clear, then look again: a request that arrived meanwhile set the event after our last check
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()
-      for request_id, out in outs:
-        if (q := self.queues.get(request_id)): q[0].call_soon_threadsafe(q[1].put_nowait, out)
+      for request_id, out in outs: (q := self.queues.get(request_id)) and q[0].call_soon_threadsafe(q[1].put_nowait, out)
 
   async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str):
     self.queues[request_id], finished = (asyncio.get_running_loop(), q := asyncio.Queue()), False

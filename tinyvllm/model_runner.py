@@ -1,6 +1,6 @@
-import functools, itertools, typing, logging, lzma, os, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
+import functools, itertools, typing, logging, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
-from tinygrad.helpers import tqdm, diskcache_get, diskcache_put, db_connection, CACHELEVEL
+from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
 from tinyvllm.config import Config
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.attention import words, kv_write, paged_attention
@@ -37,6 +37,8 @@ class ModelRunner:
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
     # before the weights: the kernels that load them are in the stored caches too
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {hf_config}") or ()): cache.update(stored)
+    # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
+    if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
     self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
     self.model = Transformer(hf_config, load_weights(model_dir, hf_config, self.dtype, dummy=config.load_format == "dummy"), self.max_model_len)
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
@@ -49,25 +51,32 @@ class ModelRunner:
     self.kv = [[words(Tensor.zeros(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
     self.max_blocks = -(-self.max_model_len // block_size)
-    top = max(config.max_num_batched_tokens, config.max_num_seqs); self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
+    top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
     self.max_rows = min(top, config.max_num_seqs * (1 + config.speculative_ngram))   # a row samples per sequence, and per draft
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
     self.step_buffer = Tensor(np.zeros(top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS)), np.int32)).realize()
-    # TinyJit graphs (the model's by token bucket, the sampler's by row count), llguidance's thread pool
-    self.graphs, self.grammar_pool = {}, llguidance.LLExecutor()
+    # TinyJit graphs (the model's by token bucket, the sampler's by row count), llguidance's thread pool, and the sizes of the stored caches
+    # as read (written back only if capturing adds to them)
+    self.graphs, self.grammar_pool, self.stored = {}, llguidance.LLExecutor(), list(map(len, STORED_CACHES))
     # a batch that only uses top-k/top-p reuses one all-ones grammar mask per row count, uploaded once instead of every step
     self.no_grammar = functools.cache(lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).realize())
+    # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
+    # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
+    # server's idle time). A step runs in the smallest captured bucket that holds it, so the token budget is the largest captured yet
+    units, ready = [(n, *variant) for variant in ((0, 0), (1, 0), (1, 1)) for n in buckets], ((1, 0, 0), (min(64, top), 0, 0))
+    self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda unit: unit not in ready))
+    while self.pending and self.pending[0] in ready: self.capture_next()
+    log.info("ready after %.1f s: %d step graphs captured, %d more to capture", time.perf_counter() - start, len(self.graphs), len(self.pending))
 
   def pick_dtype(self, hf_config:dict):
     """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
     can't build is refused here, in one sentence, not deep inside the first kernel."""
     name = "float32" if self.device == "CPU" else "bfloat16" if (hf_config.get("torch_dtype") or hf_config.get("dtype")) == "bfloat16" else "float16"
     dtype = getattr(dtypes, name := name if self.config.dtype == "auto" else self.config.dtype)
-    try: (Tensor([1.5], dtype=dtype) * 2).realize()
+    try: (Tensor([1.5], dtype=dtype) * 2).realize(); return dtype
     except Exception as e:
       raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
-    return dtype
 
   def default_kv_gb(self, bytes_per_block:int) -> float:
     # enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB
@@ -86,10 +95,10 @@ class ModelRunner:
     return self.model.logits(self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]])
 
   def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, with_logprobs:bool) -> Tensor:
-    """Sampling is a graph of its own in three variants, all captured at start-up: the filtering one (grammar masks, top-k, top-p) costs
-    several passes over the vocabulary, and logprobs (with filters) many more, so a batch whose requests use none of them runs the plain
-    one. It reads the logits' rows and no per-token input: one graph serves every token bucket with that many rows. Returns a row per
-    sampled token: the token, then its logprobs where asked."""
+    """Sampling is a graph of its own in three variants: the filtering one (grammar masks, top-k, top-p) costs several passes over the
+    vocabulary, and logprobs (with filters) many more, so a batch whose requests use none of them runs the plain one. It reads the logits'
+    rows and no per-token input: one graph serves every token bucket with that many rows. Returns a row per sampled token: the token, then
+    its logprobs where asked."""
     inputs = {name: step_buffer[where] for name, where in step_layout(0, logits.shape[0], self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
@@ -124,8 +133,7 @@ class ModelRunner:
     per_row = {"logits_idx": logits_idx, "out_positions": positions[logits_idx] + 1} | {name: values[row_seq] for name, values in
                (("seeds", seed), ("temperatures", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}
     for name, values in per_row.items(): rows[name][:len(row_seq)] = values
-    sampled = [batch[i][0] for i in row_seq]
-    with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
+    sampled = [batch[i][0] for i in row_seq]; with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
     filtered = filtered or with_logprobs or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
     def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit over the step buffer; the sizes (ints) are baked in at capture
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load): prune
@@ -149,13 +157,14 @@ class ModelRunner:
     words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
     llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words); return Tensor(words)
 
-  def capture_graphs(self):
-    """Capture every step graph before serving, so no request pays for compiling or capturing one. BEAM, when asked for, tunes only the
-    decode-sized graphs."""
-    start, sizes = time.perf_counter(), list(map(len, STORED_CACHES))
-    for num_tokens, variant in tqdm(list(itertools.product(self.buckets, ((0, 0), (1, 0), (1, 1)))), desc="capturing step graphs"):
-      with Context(BEAM=self.config.beam if num_tokens <= self.config.max_num_seqs else 0): self.prepare([], num_tokens, *variant)[0]()
-    # how many kernels it lowered and compiled says whether cache.db held them
-    log.info("captured %d step graphs in %.1f s: %d kernels lowered", len(self.graphs), time.perf_counter() - start, len(STORED_CACHES[1]) - sizes[1])
+  def capture_next(self) -> tuple:
+    """Capture the first pending unit, and return it (it stays pending until it is in); after the last, store the caches they filled. BEAM,
+    when asked for, tunes only the decode-sized graphs."""
+    with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
+    self.buckets = sorted({*self.buckets, unit[0]})   # each unit captures its bucket's model graph: steps may use the bucket now
+    if len(self.pending) > 1: return self.pending.pop(0)
+    # how many kernels they lowered and compiled says whether cache.db held them
+    log.info("all %d step graphs captured: %d kernels lowered", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])
     # written back only if this start-up added to them: pickling ~40 MB takes seconds
-    if list(map(len, STORED_CACHES)) != sizes: diskcache_put("tinyvllm_caches", f"{self.device} {self.hf_config}", tuple(map(dict, STORED_CACHES)))
+    if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.device} {self.hf_config}", STORED_CACHES)
+    return self.pending.pop(0)

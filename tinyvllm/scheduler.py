@@ -1,5 +1,4 @@
-import time, numpy as np
-from collections import deque
+import collections, time, numpy as np
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status, CompletionOutput
 from tinyvllm.block_manager import BlockManager
@@ -26,13 +25,13 @@ class Scheduler:
   def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
     self.config, self.bm, self.eos_ids = config, block_manager, eos_ids
     # running in admission order: the last one is the first to be preempted
-    self.waiting, self.running = deque(), []; self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
+    self.waiting, self.running = collections.deque(), []; self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
     self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0   # verifications, tokens proposed, tokens kept
 
-  def schedule(self) -> list[tuple[Sequence, int]]:
+  def schedule(self, max_tokens:float=float("inf")) -> list[tuple[Sequence, int]]:
     """Returns (sequence, number of its tokens to compute this step); a sequence whose last token is computed samples one more, and one
-    after each of its drafts."""
-    budget, batch, k, context = self.config.max_num_batched_tokens, [], self.config.speculative_ngram, self.config.max_model_len
+    after each of its drafts. max_tokens: the largest step the runner has a graph for yet, if under the configured budget."""
+    budget, batch, k, context = min(max_tokens, self.config.max_num_batched_tokens), [], self.config.speculative_ngram, self.config.max_model_len
     for seq in list(self.running):
       # preempted below while making room for an earlier sequence; or its drafts are being verified: where it goes on is not known yet
       if seq.status != Status.RUNNING or seq.drafts: continue
