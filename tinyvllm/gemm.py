@@ -86,7 +86,8 @@ def _gemv_kernel(Y:UOp, X:UOp, W:UOp, lanes:int, rows:int, vec:int) -> UOp:
   # 16-bit inputs are read as words of two elements: tinygrad widens uint loads, not 16-bit ones, and a bitcast Tensor would be a copy
   (M, N), K, dtype, f32 = Y.shape, X.shape[1], X.dtype, dtypes.float
   if dtype.itemsize == 2: X, W = (UOp.placeholder((P.shape[0], P.shape[1] // 2), dtypes.uint32, slot) for P, slot in ((X, 1), (W, 2)))
-  block, lane = UOp.range(N // rows, 0, AxisType.GLOBAL), UOp.range(lanes, 1, AxisType.LOCAL if lanes > 1 else AxisType.LOOP)
+  # the CPU runs one lane in a plain loop: tinygrad's CPU runtime launches each index of a GLOBAL axis from Python
+  block, lane = (UOp.range(n, i, t if lanes > 1 else AxisType.LOOP) for n, i, t in ((N // rows, 0, AxisType.GLOBAL), (lanes, 1, AxisType.LOCAL)))
   step, v = UOp.range(W.shape[1] // (lanes*vec), 2, AxisType.REDUCE), UOp.range(vec, 3, AxisType.UNROLL)
   r, m = UOp.range(rows, 4, AxisType.UPCAST), UOp.range(M, 5, AxisType.UPCAST); n, k = block * rows + r, (step * lanes + lane) * vec + v
   half = lambda word, h: (word >> 16*h).cast(dtypes.uint16).bitcast(dtype).cast(f32)

@@ -46,14 +46,6 @@ def threshold(probs:Tensor, enough, ways:int=16, rounds:int=6) -> Tensor:
     hi = (passed < ways).where(candidates.gather(-1, passed.minimum(ways - 1)), hi)
   return lo
 
-def argmax(x:Tensor) -> Tensor:
-  """x.argmax(-1), the first of equal maxima, in passes that read the row side by side: tinygrad's own splits a 128k vocabulary into a few
-  hundred threads that each walk a stretch of their own (4 such passes were 0.34 ms of a 2 ms decode step on an H100)."""
-  (R, V), G = x.shape, 1024
-  cols = x.pad((None, (0, -V % G)), value=-math.inf).reshape(R, -1, G)   # cols[r, j, g] = x[r, j*G + g]: G threads, loads side by side
-  best, first = cols.max(1), cols.argmax(1) * G + Tensor.arange(G)
-  return (best == best.max(-1, keepdim=True)).where(first, V).min(-1)
-
 def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, top_k:Tensor|None=None, top_p:Tensor|None=None,
            min_p:Tensor|None=None, allowed:Tensor|None=None) -> Tensor:
   """Greedy rows take the argmax; the others draw by Gumbel-max (argmax of logits/T + Gumbel noise, an exact softmax sample). With the
@@ -66,7 +58,7 @@ def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, t
   x = logits / temperatures.maximum(1e-5).unsqueeze(1)
   if top_k is not None: x = top_k_top_p(x, top_k, top_p, min_p)
   gumbel = -(-hash_uniform(seeds, positions, logits.shape[1]).log()).log()
-  return (temperatures == 0).where(argmax(logits), argmax(x + gumbel)).cast(dtypes.int32)
+  return (temperatures == 0).where(logits.argmax(-1), (x + gumbel).argmax(-1)).cast(dtypes.int32)
 
 def top_k_top_p(x:Tensor, top_k:Tensor, top_p:Tensor, min_p:Tensor) -> Tensor:
   """x with -inf for tokens less likely than min_p times the row's most likely one, then outside the row's top-k tokens, then outside the
@@ -83,7 +75,7 @@ def logprobs(logits:Tensor, tokens:Tensor) -> Tensor:
   lp = logits.float().log_softmax(-1).contiguous()
   sampled, top, rest = lp.gather(-1, tokens.unsqueeze(1)), [], lp
   for _ in range(MAX_LOGPROBS):   # MAX_LOGPROBS passes of argmax, each masking the one before: no sort of the vocabulary
-    top.append(best := argmax(rest).unsqueeze(1)); rest = (Tensor.arange(lp.shape[1]) == best).where(-math.inf, rest)
+    top.append(best := rest.argmax(-1, keepdim=True)); rest = (Tensor.arange(lp.shape[1]) == best).where(-math.inf, rest)
   top_ids, ranks = Tensor.cat(*top, dim=1), (lp > sampled).sum(-1, keepdim=True) + 1
   return Tensor.cat(tokens.unsqueeze(1), ranks.cast(dtypes.int32), sampled.bitcast(dtypes.int32), top_ids.cast(dtypes.int32),
                     lp.gather(-1, top_ids).bitcast(dtypes.int32), dim=1)
