@@ -203,7 +203,7 @@ def peer_hf(args):
     ins, outs, prompts = workload(args, vocab, mml)   # the same seeded requests as ours
     k = min(args.peer_num_requests or len(prompts), len(prompts))
     ins, outs, prompts = ins[:k], outs[:k], prompts[:k]
-    dt, n_out = bench_peer.throughput(hf, prompts, [int(o) for o in outs], args.temperature, args.seed, args.max_num_batched_tokens)
+    dt, n_out = bench_peer.throughput(hf, prompts, [int(o) for o in outs], args.temperature, args.seed, args.max_num_batched_tokens or 2048)
     print(f"peer batched: {k} requests, {int(sum(ins))} prompt + {n_out} output tokens in {dt:.2f} s: {n_out / dt:.1f} output tok/s")
     tps = throughput_summary(pname, dev, "batched", ins, outs, dt, n_out)
     if ours and not args.sequential:
@@ -278,7 +278,7 @@ def main():
   p.add_argument("--latency", action="store_true", help="batch-1 decode and TTFT against rooflines instead of throughput")
   p.add_argument("--sequential", action="store_true", help="throughput with one request at a time")
   for flag, default in [("--num-requests", 256), ("--min-input", 100), ("--max-input", 1024), ("--min-output", 100), ("--max-output", 1024),
-                        ("--seed", 0), ("--max-num-seqs", 256), ("--max-num-batched-tokens", 2048), ("--block-size", None),
+                        ("--seed", 0), ("--max-num-seqs", None), ("--max-num-batched-tokens", None), ("--block-size", None),
                         ("--max-model-len", None)]: p.add_argument(flag, type=int, default=default)
   p.add_argument("--temperature", type=float, default=0.6)
   p.add_argument("--kv-cache-memory", type=float, help="GB for the KV pool")
@@ -297,7 +297,7 @@ def main():
   p.add_argument("--peer-compile", choices=["generate", "forward", "none"],
                  help="latency: the peer's torch.compile: generate's own of the decode step (default on CUDA), of model.forward, or none")
   args = p.parse_args()
-  if args.latency: args.max_num_batched_tokens = max(args.max_num_batched_tokens, 1024)   # the 1024-token prompt must be one step
+  if args.latency and args.max_num_batched_tokens: args.max_num_batched_tokens = max(args.max_num_batched_tokens, 1024)   # the 1024-token prompt in one step
   if args.peer_only: return (peer_tinygrad if args.peer == "tinygrad" else peer_hf)(args)   # hf: the process opens no tinygrad device
   dev = select_device(args.device)
   if args.latency:   # measured before the engine exists, as on CUDA the KV pool takes 90% of the free memory

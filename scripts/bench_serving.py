@@ -97,8 +97,8 @@ def main():
   p.add_argument("--launch", action="store_true", help="start `python -m tinyvllm.serve` with the unknown args, and stop it at the end")
   p.add_argument("--launch-timeout", type=float, default=1800)
   p.add_argument("--config", help="with --launch: serve a scripts/configs folder (e.g. llama-3.2-1b) with dummy weights")
-  p.add_argument("--num-prompts", type=int, default=64)
-  p.add_argument("--concurrency", type=int, default=16)
+  p.add_argument("--num-prompts", type=int, help="counted requests at each concurrency (default: 4 rounds of it, at least 4)")
+  p.add_argument("--concurrency", type=int, nargs="+", default=[16], help="one or more: each is measured in turn against the same server")
   p.add_argument("--input-words", type=int, default=100, help="random words per prompt")
   p.add_argument("--output-len", type=int, default=128)
   p.add_argument("--temperature", type=float, default=0.6)
@@ -107,16 +107,21 @@ def main():
   p.add_argument("--seed", type=int, default=0)
   args, server_args = p.parse_known_args()
   if server_args and not args.launch: p.error(f"unrecognized arguments: {' '.join(server_args)} (server args need --launch)")
-  url, rng = args.url.rstrip("/"), random.Random(args.seed)
-  prompts = [" ".join(rng.choice(WORDS) for _ in range(args.input_words)) for _ in range(args.warmup_rounds * args.concurrency + args.num_prompts)]
+  url, rng, levels = args.url.rstrip("/"), random.Random(args.seed), args.concurrency
   if args.config:   # the same dummy-weight model folder as bench.py, tokenizer included
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from scripts.bench import model_folder
     server_args += ["--model", model_folder(args)[0], "--load-format", "dummy"]
   proc = launch(args, server_args, url) if args.launch else None
-  try: results, errors, wall = asyncio.run(run(args, url, prompts))
+  try:
+    for args.concurrency in levels:
+      num_prompts = args.num_prompts or max(4, 4 * args.concurrency)
+      prompts = [" ".join(rng.choice(WORDS) for _ in range(args.input_words)) for _ in range(args.warmup_rounds * args.concurrency + num_prompts)]
+      report(args, *asyncio.run(run(args, url, prompts)))
   finally:
     if proc: proc.terminate(); proc.wait(30)
+
+def report(args, results, errors, wall):
   print(f"client: {'openai' if AsyncOpenAI else 'httpx'}; {len(results)} ok, {len(errors)} failed" + (f", first: {errors[0]}" if errors else ""))
   if not results: sys.exit(1)
   ttft, e2e, ntok = map(np.array, zip(*results))
@@ -127,6 +132,6 @@ def main():
   print(f"TTFT ms: mean {ttft.mean() * 1e3:.1f}, p50 {pct(ttft, 50):.1f}, p99 {pct(ttft, 99):.1f}")
   print(f"TPOT ms: mean {np.mean(tpot) * 1e3:.2f}, p50 {pct(tpot, 50):.2f}, p99 {pct(tpot, 99):.2f}")
   print(f"SUMMARY | serving | {len(results)} reqs, concurrency {args.concurrency}, out {args.output_len} | TTFT p50 {pct(ttft, 50):.1f} ms, "
-        f"p99 {pct(ttft, 99):.1f} ms | TPOT p50 {pct(tpot, 50):.2f} ms, p99 {pct(tpot, 99):.2f} ms | {ntok.sum() / wall:.1f} out tok/s |")
+        f"p99 {pct(ttft, 99):.1f} ms | TPOT p50 {pct(tpot, 50):.2f} ms, p99 {pct(tpot, 99):.2f} ms | {ntok.sum() / wall:.1f} out tok/s |", flush=True)
 
 if __name__ == "__main__": main()

@@ -1,6 +1,6 @@
 """The OpenAI-compatible server against a real uvicorn on a free port (CPU, bundled stories260K): the official openai client, raw SSE,
 concurrency, error shapes, disconnects (no leaked KV blocks), /metrics, the README snippets and the CLI entry point."""
-import asyncio, contextlib, json, logging, os, re, shutil, signal, socket, subprocess, sys, threading, time, types
+import asyncio, contextlib, functools, json, logging, os, re, shutil, signal, socket, subprocess, sys, threading, time, types
 from concurrent.futures import ThreadPoolExecutor
 import httpx, openai, pytest, uvicorn
 from hypothesis import HealthCheck, example, given, settings, strategies as st
@@ -185,6 +185,12 @@ BAD = [  # (body or raw bytes, status, param)
   ({"messages": [{"role": "user", "content": 5}]}, 400, "messages"), ({"messages": [{"content": "x"}]}, 400, "messages"),
   ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages"),
   ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, "messages"),   # a lone surrogate: the tokenizer's C++ refuses it
+  # content is a string, null or text parts, checked before anything copies it: 5,000 levels once overflowed copy.deepcopy (a 500)
+  (b'{"messages": [{"role": "user", "content": ' + b"[" * 5000 + b"]" * 5000 + b'}], "max_tokens": 2}', 400, "messages"),
+  ({"messages": [{"role": "user", "content": {"type": "text", "text": "x"}}]}, 400, "messages"),
+  ({"messages": [{"role": "user", "content": [["x"]]}]}, 400, "messages"), ({"messages": [{"role": "user", "content": [5]}]}, 400, "messages"),
+  ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, "messages"),
+  (b"[" * 50_000 + b"]" * 50_000, 400, None),   # too deep for json.loads itself
   ({"temperature": "hot"}, 400, "temperature"), ({"max_tokens": "10"}, 400, "max_tokens"), ({"n": True}, 400, "n"), ({"stop": 5}, 400, "stop"),
   ({"stop": ["a", 1]}, 400, "stop"), ({"stop_token_ids": [1.5]}, 400, "stop_token_ids"), ({"stream": "yes"}, 400, "stream"),
   ({"temperature": -1}, 400, "temperature"), ({"top_p": 0}, 400, "top_p"), ({"top_p": 1.5}, 400, "top_p"), ({"top_k": -3}, 400, "top_k"),
@@ -423,6 +429,48 @@ def test_body_content_type_and_size(srv):
     assert httpx.post(srv.url + "/v1/chat/completions", content=body, headers=headers, timeout=60).status_code == 200
   for not_an_object in ("[]", '"hi"', "3", "null"):
     assert_error(httpx.post(srv.url + "/v1/chat/completions", content=not_an_object, headers={"content-type": "application/json"}), 400, None)
+
+def nest(levels:int):   # a JSON value `levels` deep, the innermost value counted: [[0]] is nest(3)
+  return functools.reduce(lambda inner, _: [inner], range(levels - 1), 0)
+
+def post_raw(srv, body:bytes) -> httpx.Response:   # for bodies too deep for json.dumps to write
+  return httpx.post(srv.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=30)
+
+def test_fields_are_bounded_in_depth_and_size(srv):
+  """Every field nests at most 32 levels and holds at most 65,536 values, far more than tools' JSON schemas need: past either bound it
+  is a 400 naming the field, found before anything copies, renders or compiles it, and the server carries on. Tool-call arguments sent
+  as JSON text are bounded once parsed, and a 400 too when so deep that json.loads gives up."""
+  tools = lambda parameters: {"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters}}], "tool_choice": "none"}
+  called = lambda arguments: {"messages": MSGS + [  # levels: messages, message, tool_calls, call, function, then the arguments
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "2"}]}
+  at_the_bounds = [{"chat_template_kwargs": {"x": nest(31)}}, {"chat_template_kwargs": {"x": [0] * 65_534}}, tools({"x": nest(28)}),
+                   called({"x": nest(26)}), called(json.dumps({"x": nest(31)}))]
+  past_them = [({"chat_template_kwargs": {"x": nest(32)}}, "chat_template_kwargs"),
+               ({"chat_template_kwargs": {"x": [0] * 65_535}}, "chat_template_kwargs"),
+               (tools({"x": nest(29)}), "tools"), (tools({"enum": list(range(70_000))}), "tools"),
+               (called({"x": nest(27)}), "messages"), (called(json.dumps({"x": nest(32)})), "messages"),
+               (called('{"x": ' + "[" * 5000 + "]" * 5000 + "}"), "messages"), (called('{"x": ' + "[" * 50_000 + "]" * 50_000 + "}"), "messages"),
+               ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": nest(40)}}}, "response_format")]
+  for body in at_the_bounds:
+    r = post(srv, {"messages": MSGS, **body, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text[:300]
+  for body, param in past_them:
+    r = post(srv, {"messages": MSGS, **body, "max_tokens": 2})
+    assert_error(r, 400, param)
+    assert chat_text(srv, MSGS, max_tokens=2) is not None   # the server carries on
+  # 5,000 levels: a dict of arguments once overflowed copy.deepcopy (a 500); tools and chat_template_kwargs are bounded the same way
+  deep = b"[" * 5000 + b"]" * 5000
+  calls = b'[{"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": %s}}}]' % deep
+  for body, param in [(b'{"messages": [{"role": "assistant", "content": null, "tool_calls": %s}]}' % calls, "messages"),
+                      (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": '
+                       b'{"name": "f", "parameters": {"x": %s}}}], "tool_choice": "none"}' % deep, "tools"),
+                      (b'{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"x": %s}}' % deep, "chat_template_kwargs")]:
+    r = post_raw(srv, body)
+    assert_error(r, 400, param)
+    assert "nests over 32 levels or holds over 65536 values" in r.json()["error"]["message"]
+    assert chat_text(srv, MSGS, max_tokens=2) is not None
+  wait_idle(srv)
 
 def test_disconnects_leave_no_traceback(srv, caplog):
   """Clients that hang up mid-upload, mid-stream or while waiting for a reply are routine: nothing is logged as an error."""

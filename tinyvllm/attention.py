@@ -88,8 +88,7 @@ def paged_attention(q:Tensor, k:Tensor, v:Tensor, k_pool:Tensor, v_pool:Tensor, 
   """q (N, H, D) -> (N, H, D): token n (at positions[n] of sequence token_seq[n], whose block_tables (S, MAXB) row maps positions to pool
   slots) attends to positions 0..positions[n]. The pools already hold this step's k, v (N, KVH, D); cached_lens[n] = how many of the
   sequence's positions came from earlier steps (the step's own tokens of a sequence are consecutive rows, as vLLM flattens varlen batches)."""
-  (N, H, D), KVH, ctx_lens = q.shape, k_pool.shape[1], positions + 1
-  assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
+  (N, H, D), KVH, ctx_lens = q.shape, k_pool.shape[1], positions + 1; assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
   # vLLM's split of prefill and decode attention: in prefill-sized steps the kernel reads only the cached prefix and the step's own tokens
   # meet through tensor-core matmuls. Smaller steps are mostly decodes (one in-step token each: the kernel alone is cheaper), and the
   # (N, N) scores of larger ones grow quadratically, so those read everything through the kernel. C: enough chunks to fill the GPU at

@@ -1,26 +1,25 @@
 import collections, hashlib
 from tinyvllm.sequence import Sequence
 
-def block_hash(prev:bytes, tokens:list[int]) -> bytes:
-  """A full block's identity chains over everything before it, so equal hashes mean equal prefixes (sha256: collisions can't mix up outputs)."""
-  return hashlib.sha256(prev + b"".join(t.to_bytes(4, "little") for t in tokens)).digest()
+# a full block's identity chains over everything before it, so equal hashes mean equal prefixes (sha256: collisions can't mix up outputs)
+def block_hash(prev:bytes, tokens:list[int]) -> bytes: return hashlib.sha256(prev + b"".join(t.to_bytes(4, "little") for t in tokens)).digest()
 
 class BlockManager:
   """KV memory as virtual memory: fixed-size physical blocks, a free list, reference counts and one block table per sequence.
   Prefix caching: a full block's KV is registered under its chained hash; a later prompt with the same prefix shares the block (ref count up)
   and skips its prefill. Freed cached blocks stay findable on the free list until they are reused, least recently freed first."""
   def __init__(self, num_blocks:int, block_size:int, enable_prefix_caching:bool=True):
-    self.num_blocks, self.block_size, self.caching = num_blocks, block_size, enable_prefix_caching; self.ref = [0] * num_blocks
-    self.free: collections.OrderedDict[int, None] = collections.OrderedDict.fromkeys(range(num_blocks))   # front = next to be reused
-    self.cached: dict[bytes, int] = {}      # hash -> physical block holding that prefix's KV
-    self.hash_of: dict[int, bytes] = {}     # physical block -> its hash, to unregister it when the block is reused
-    self.queries = self.hits = 0            # prompt tokens looked up / found in the cache
+    # ref: each physical block's reference count; free: the blocks no sequence holds, front = next to be reused; cached: hash -> physical
+    # block holding that prefix's KV; hash_of: physical block -> its hash, to unregister it when the block is reused; queries / hits: prompt
+    # tokens looked up / found in the cache
+    self.num_blocks, self.block_size, self.caching, self.queries, self.hits = num_blocks, block_size, enable_prefix_caching, 0, 0
+    self.ref, self.free, self.cached, self.hash_of = [0] * num_blocks, collections.OrderedDict.fromkeys(range(num_blocks)), {}, {}
 
   num_free = property(lambda self: len(self.free))
 
   def _take(self) -> int:
-    b, _ = self.free.popitem(last=False)
-    if (h := self.hash_of.pop(b, None)) is not None: del self.cached[h]   # evict the least recently used cached prefix
+    # the front free block; the prefix it held, if any (the least recently used one), leaves the cache
+    b, _ = self.free.popitem(last=False); self.cached.pop(self.hash_of.pop(b, None), None)
     self.ref[b] = 1; return b
 
   def cached_prefix(self, seq:Sequence) -> list[int]:

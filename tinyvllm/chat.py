@@ -5,14 +5,20 @@ parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
 
 The chat template says what the model was taught: Hermes <tool_call> tags (Qwen, Hermes) or Llama 3.x's bare JSON calls, and whether it
 reasons inside <think> tags (Qwen3, DeepSeek-R1 distills). Only templates that mention them get tools or reasoning."""
-import contextlib, copy, functools, json, re, typing, uuid
-import jinja2
+import contextlib, copy, functools, json, re, typing, uuid, jinja2
 from tinygrad.llm.serve import StreamRouter, normalize_messages, parse_tool_call
 from tinyvllm.sampler import compile_grammar
 from tinyvllm.sequence import ParamError
 
 # forced arguments take the layout templates render them in (tojson is json.dumps), the one the model learned
 ARGUMENTS_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# the most any request field may nest and hold (serve.py checks every field; tool-call arguments sent as JSON text, once parsed): copies,
+# chat templates and grammars recurse, and tinygrad lifts Python's recursion limit to 10,000, so json.loads hands back values 5,000 deep
+# that overflow them. Tools' JSON schemas need far less. The innermost values count as a level: [[0]] nests 3 deep.
+MAX_DEPTH, MAX_VALUES = 32, 1 << 16
+
+def json_size(v, depth:int=MAX_DEPTH) -> int:   # how many values a JSON value holds; nested over `depth` levels, more than any bound
+  return 2**62 if depth <= 0 else 1 + sum(json_size(x, depth - 1) for x in (v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()))
 
 # deltas add up: text concatenates, tool calls append; empty values add nothing
 def merge(message:dict, delta:dict): message.update({key: message.get(key, value[:0]) + value for key, value in delta.items() if value})
@@ -21,11 +27,12 @@ def checked_messages(messages) -> list[dict]:
   """OpenAI's messages: content is a string or text parts, or null (as "") beside an assistant's tool calls, whose arguments (a JSON string
   from clients) become the dicts chat templates expect, as vLLM does. Their results come back as role "tool" messages."""
   text = lambda c: c is None or isinstance(c, str) or isinstance(c, list) and all(p["type"] == "text" and isinstance(p["text"], str) for p in c)
-  call = lambda c: isinstance(c["function"]["name"], str) and isinstance(c["function"]["arguments"], dict)
-  with contextlib.suppress(TypeError, KeyError, AttributeError):   # a message of the wrong shape falls through to the error
-    normalize_messages(messages := copy.deepcopy(messages))   # in place, and the request stays as it came
-    if messages and all(isinstance(m["role"], str) and text(m.get("content")) and all(map(call, m.get("tool_calls") or [])) for m in messages):
-      return [m | {"content": m.get("content") or ""} for m in messages]
+  call = lambda c: isinstance(c["function"]["name"], str) and isinstance(a := c["function"]["arguments"], dict) and json_size(a) <= MAX_VALUES
+  # a message of the wrong shape falls through to the error, as do arguments sent as JSON text too deep for json.loads itself
+  with contextlib.suppress(TypeError, KeyError, AttributeError, RecursionError):
+    if messages and all(isinstance(m["role"], str) and text(m.get("content")) for m in messages):   # contents before any copy or template
+      normalize_messages(messages := copy.deepcopy(messages))   # in place, and the request stays as it came
+      if all(call(c) for m in messages for c in m.get("tool_calls") or []): return [m | {"content": m.get("content") or ""} for m in messages]
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
 
 def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, typing.Callable[..., "OutputParser"]]:
@@ -94,8 +101,7 @@ class OutputParser:
       self.json, text = self.json + text, ""
       if final or self.json.strip() and not self.json.lstrip().startswith("{"):
         if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
-        else: text = self.json
-        self.json = None
+        text, self.json = "" if call else self.json, None
     for field, value in self.router.route(text, final): merge(delta, {field: value})
     for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S):   # the calls, at the end
       call = part.startswith("<tool_call>") and self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))
@@ -121,6 +127,5 @@ class OutputParser:
 
   def call(self, text:str) -> dict | None:   # a tool call as OpenAI's delta, or None if the text is not one
     if not (self.tool_format and (parsed := parse_tool_call(text)) and isinstance(parsed[0], str) and isinstance(parsed[1], dict)): return None
-    self.calls += 1
-    return {"index": self.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": parsed[0], "arguments": json.dumps(parsed[1], ensure_ascii=False)}}
+    self.calls += 1; return {"index": self.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                             "function": {"name": parsed[0], "arguments": json.dumps(parsed[1], ensure_ascii=False)}}

@@ -10,8 +10,8 @@ class Config:
   dtype: str = "auto"                    # compute dtype: auto = checkpoint's 16-bit dtype on GPUs, float32 on CPU
   load_format: str = "auto"              # "dummy" = random weights from config.json alone, for benchmarks (as in vLLM)
   max_model_len: int | None = None       # context length; default min(config's max_position_embeddings, 4096, the KV pool)
-  max_num_seqs: int = 64                 # most sequences in one step, so also the most rows sampled in one step
-  max_num_batched_tokens: int = 512      # token budget of one step; long prompts are chunked to fit it
+  max_num_seqs: int | None = None        # most sequences in one step (the most rows sampled in one); None = 256 on a GPU, 64 on the CPU
+  max_num_batched_tokens: int | None = None  # token budget of one step; long prompts are chunked to fit it; None = 2048 on a GPU, 512 on the CPU
   block_size: int = 16                   # tokens per KV block
   kv_cache_memory: float | None = None   # GB for the KV pool; None = a share of free device memory where tinygrad can tell
   enable_prefix_caching: bool = True     # share the KV blocks of equal prompt prefixes across requests

@@ -1,9 +1,9 @@
 """The kernel room: a Hopper tensor-core GEMM, y = x @ w.T in bf16 with fp32 accumulation, as CUDA source that tinygrad launches as an
 Ops.PROGRAM through Tensor.custom_kernel, so it stays lazy and replays inside TinyJit's CUDA graph. tinygrad's own matmuls reach ~5% of
 cuBLAS on Hopper: they stage no tiles through shared memory and cannot use wgmma, which needs the sm_90a target tinygrad never sets."""
-import functools
+import functools, os
 from tinygrad import Tensor, Device, UOp, dtypes
-from tinygrad.uop.ops import Ops, KernelInfo, ProgramInfo
+from tinygrad.uop.ops import Ops, KernelInfo, ProgramInfo, AxisType, AddrSpace
 from tinygrad.renderer import Estimates
 
 # A CTA computes a BM x BN tile of C = A @ W^T (A: M x K, W: N x K, both K-contiguous, so HF weights need no transpose) with BM/64
@@ -80,12 +80,40 @@ def plan(M:int, N:int, K:int) -> tuple[int, int, int, int]:
   while S < 8 and -(-M//BM) * (N//BN) * S * 2 <= 132 and K % (S * 128) == 0 and K // (S * 2) >= 64 * (ST - 2): S *= 2
   return BM, BN, ST, S
 
+def _gemv_kernel(Y:UOp, X:UOp, W:UOp, lanes:int, rows:int, vec:int) -> UOp:
+  # a decode step's few rows m: reading W is the whole cost. A warp's lanes split K, each loading `vec` adjacent 32-bit words (16 bytes
+  # where K allows) of `rows` rows of W, so each load of x serves `rows` rows and each load of W every m; the lanes meet in shared memory.
+  # 16-bit inputs are read as words of two elements: tinygrad widens uint loads, not 16-bit ones, and a bitcast Tensor would be a copy
+  (M, N), K, dtype, f32 = Y.shape, X.shape[1], X.dtype, dtypes.float
+  if dtype.itemsize == 2: X, W = (UOp.placeholder((P.shape[0], P.shape[1] // 2), dtypes.uint32, slot) for P, slot in ((X, 1), (W, 2)))
+  # the CPU runs one lane in a plain loop: tinygrad's CPU runtime launches each index of a GLOBAL axis from Python
+  block, lane = (UOp.range(n, i, t if lanes > 1 else AxisType.LOOP) for n, i, t in ((N // rows, 0, AxisType.GLOBAL), (lanes, 1, AxisType.LOCAL)))
+  step, v = UOp.range(W.shape[1] // (lanes*vec), 2, AxisType.REDUCE), UOp.range(vec, 3, AxisType.UNROLL)
+  r, m = UOp.range(rows, 4, AxisType.UPCAST), UOp.range(M, 5, AxisType.UPCAST); n, k = block * rows + r, (step * lanes + lane) * vec + v
+  half = lambda word, h: (word >> 16*h).cast(dtypes.uint16).bitcast(dtype).cast(f32)
+  dot = sum(half(W[n, k], h) * half(X[m, k], h) for h in (0, 1)) if W.dtype != dtype else W[n, k].cast(f32) * X[m, k].cast(f32)
+  acc = dot.reduce(step, v, arg=Ops.ADD)
+  if lanes > 1:
+    shared, j = UOp.placeholder((rows, M, lanes), f32, 20, addrspace=AddrSpace.LOCAL), UOp.range(lanes, 6, AxisType.REDUCE)
+    acc = shared.after(shared[r, m, lane].store(acc))[r, m, j].reduce(j, arg=Ops.ADD)
+  # tag=1: our axes are final, tinygrad's optimizer leaves them (as attention.py's)
+  return Y[m, n].store(acc.cast(Y.dtype)).end(m, r).end(lane, block).sink(arg=KernelInfo(name=f"gemv_{M}_{N}_{W.shape[1]}", opts_to_apply=(),
+                                                                           estimates=Estimates(ops=2*M*N*K, mem=N*K*dtype.itemsize)), tag=1)
+
+def gemv(x:Tensor, w:Tensor, lanes:int, rows:int, vec:int) -> Tensor:
+  fxn = functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec)
+  return Tensor.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device).custom_kernel(x, w, fxn=fxn)[0]
+
 def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None) -> Tensor:
-  """x (M, K) @ w (N, K).T: on a Hopper GPU under CUDA our kernel, elsewhere (or where it does not apply) tinygrad's own matmul."""
-  (M, K), N = x.shape, w.shape[0]
-  if not (isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and Device[x.device].renderer.target.arch == "sm_90"): return x @ w.T
-  # from 16 rows it beat tinygrad's schedule (with split-K) on every Llama shape measured; fewer rows are decode GEMVs, left to tinygrad/BEAM
-  if x.dtype != dtypes.bfloat16 or w.dtype != x.dtype or M < 16 or K % 64 or K < 512 or N % 128: return x @ w.T
+  """x (M, K) @ w (N, K).T: decode-sized M through our GEMV on every device; larger M on a Hopper GPU under CUDA through our wgmma kernel
+  (SM90A_GEMM=0 turns it off, to measure the portable path), elsewhere tinygrad's own matmul."""
+  (M, K), N, dev, lanes = x.shape, w.shape[0], Device[x.device], 32 if Device[x.device].renderer.has_local else 1
+  wgmma = isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and dev.renderer.target.arch == "sm_90" and os.getenv("SM90A_GEMM") != "0" \
+    and x.dtype == w.dtype == dtypes.bfloat16 and K % 64 == 0 and K >= 512 and N % 128 == 0
+  # the GEMV below 4 rows beside wgmma, whose 64-row tiles read W faster from there on (scripts/bench_gemv.py on an H100)
+  vec = next((v for v in (4, 2, 1) if (K * x.dtype.itemsize // 4) % (lanes * v) == 0), 0)   # words per load, as K allows
+  if M < (4 if wgmma else 16) and x.dtype == w.dtype and vec: return gemv(x, w, lanes, 2 if M >= 4 and N % 2 == 0 else 1, vec)
+  if not wgmma: return x @ w.T
   BM, BN, ST, S = cfg or plan(M, N, K)
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result)
   out = Tensor.empty(*(S,)*(S > 1), M, N, dtype=dtypes.float if S > 1 else x.dtype, device=x.device)

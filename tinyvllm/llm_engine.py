@@ -17,6 +17,10 @@ class LLMEngine:
   def __init__(self, config:Config):
     # the rng seeds requests that bring none; the process's global `random` stays the user's
     self.device, self.rng = select_device(config.device), random.Random(config.seed)
+    # defaults sized by the device, as vLLM's: a GPU batches wide at no cost to one stream (decode's GEMV reads the weights once for every
+    # row), the CPU keeps start-up and each step short
+    config = dataclasses.replace(config, **{name: getattr(config, name) or (gpu if self.device.split(":")[0] != "CPU" else cpu) for name, gpu, cpu in
+                                            (("max_num_seqs", 256, 64), ("max_num_batched_tokens", 2048, 512))})
     from tinyvllm.model_runner import ModelRunner   # imported after select_device, so no tensor is made on the wrong device
     self.tokenizer, self.runner = Tokenizer(model_dir := model_path(config.model)), ModelRunner(config, model_dir)
     self.model_name = os.path.basename(model_dir.rstrip("/")) if config.model is None or os.path.isdir(config.model) else config.model

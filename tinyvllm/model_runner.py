@@ -85,9 +85,9 @@ class ModelRunner:
   def default_kv_gb(self, bytes_per_block:int) -> float:
     # enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB
     if self.device != "CUDA": return min(self.config.max_num_seqs * self.max_model_len // self.config.block_size * bytes_per_block / 1e9, 4.0)
-    import ctypes, tinygrad.runtime.autogen.cuda as cuda   # the one device where tinygrad can tell us free memory: take 90% of it
+    import ctypes, tinygrad.runtime.autogen.cuda as cuda   # the one device where tinygrad tells free memory: 80% of it, the rest for graphs
     # free and total bytes
-    cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); return 0.9 * free.value / 1e9
+    cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); return 0.8 * free.value / 1e9
 
   def forward(self, step_buffer:Tensor, num_tokens:int, num_rows:int) -> Tensor:
     """The decoder over the step's tokens; returns the logits of the rows that sample."""

@@ -1,8 +1,9 @@
 import collections, dataclasses, enum, math, time
 from dataclasses import dataclass, field
 
-MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256   # bounds each token's stop search, so one request's stop lists can't stall the step
-MAX_LOGPROBS = 20                          # OpenAI's most top_logprobs: the logprobs graph always finds this many
+# the stop-list bounds keep each token's stop search short, so one request's stop lists can't stall the step; MAX_LOGPROBS is OpenAI's
+# most top_logprobs, as many as the logprobs graph always finds
+MAX_STOP_STRINGS, MAX_STOP_LEN, MAX_LOGPROBS = 32, 256, 20
 
 class ParamError(ValueError):
   """A request field out of range; `param` names it, so the server's 400 can say which."""
@@ -14,29 +15,26 @@ RANGES = {"n": (int, lambda n: n >= 1, "at least 1"), "max_tokens": (int, lambda
           "min_p": (float, lambda p: 0 <= p <= 1, "in [0, 1]"), "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"),
           "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer"), "logprobs": (int, lambda k: 0 <= k <= MAX_LOGPROBS, "in [0, 20]")}
 
-def checked(name:str, value):
-  """value as a finite number of the field's type in the field's range, or ParamError: JSON allows 10**309 or NaN, which would overflow
-  or poison the step's float32 buffer."""
-  kind, ok, rule = RANGES[name]
-  if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-    raise ParamError(name, "must be an integer" if kind is int else "must be a number")
-  try: finite = math.isfinite(value := kind(value))
-  except OverflowError: raise ParamError(name, "is too large") from None
-  if not finite or not ok(value): raise ParamError(name, f"must be {rule}" if finite else "must be finite")
-  return value
-
 @dataclass
 class SamplingParams:
   """Per-request sampling knobs with vLLM's names, defaults and ranges, checked once here for the server and the offline API alike."""
-  n: int = 1; max_tokens: int = 16; temperature: float = 1.0; top_p: float = 1.0
-  top_k: int = -1                        # -1 or 0 keeps the whole vocabulary
-  min_p: float = 0.0                     # drop tokens less likely than min_p times the most likely one
+  # top_k: -1 or 0 keeps the whole vocabulary; min_p: drop tokens less likely than min_p times the most likely one
+  n: int = 1; max_tokens: int = 16; temperature: float = 1.0; top_p: float = 1.0; top_k: int = -1; min_p: float = 0.0
   seed: int | None = None; stop: str | list[str] | None = None; stop_token_ids: list[int] = field(default_factory=list)
-  ignore_eos: bool = False; include_stop_str_in_output: bool = False
-  structured_outputs: dict | None = None   # {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}
-  logprobs: int | None = None            # each sampled token's logprob, and this many of the most likely tokens' (vLLM's raw logprobs)
+  # structured_outputs: {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}; logprobs: each
+  # sampled token's logprob, and this many of the most likely tokens' (vLLM's raw logprobs)
+  ignore_eos: bool = False; include_stop_str_in_output: bool = False; structured_outputs: dict | None = None; logprobs: int | None = None
   def __post_init__(self):
-    for name in RANGES: setattr(self, name, None if (value := getattr(self, name)) is None and name in ("seed", "logprobs") else checked(name, value))
+    # each number finite, of its field's type and in its range, or ParamError: JSON allows 10**309 or NaN, which would overflow or poison
+    # the step's float32 buffer
+    for name, (kind, ok, rule) in RANGES.items():
+      if (value := getattr(self, name)) is None and name in ("seed", "logprobs"): continue
+      if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise ParamError(name, "must be an integer" if kind is int else "must be a number")
+      try: finite = math.isfinite(value := kind(value))
+      except OverflowError: raise ParamError(name, "is too large") from None
+      if not finite or not ok(value): raise ParamError(name, f"must be {rule}" if finite else "must be finite")
+      setattr(self, name, value)
     self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
     if len(self.stop_token_ids) > MAX_STOP_STRINGS or not all(type(t) is int for t in self.stop_token_ids):
       raise ParamError("stop_token_ids", f"takes at most {MAX_STOP_STRINGS} integers")
@@ -49,11 +47,11 @@ Logprob = collections.namedtuple("Logprob", "logprob rank")   # vLLM's: a token'
 
 @dataclass
 class CompletionOutput:
-  index: int; text: str; token_ids: list[int]
-  finish_reason: str | None = None       # "stop" or "length" (an aborted request gets no more outputs)
-  stop_reason: str | int | None = None   # the stop string or stop token id that ended it (None for EOS, length or abort), as in vLLM
-  logprobs: list[dict[int, Logprob]] | None = None   # per token: the sampled token and the top SamplingParams.logprobs ones
-  cumulative_logprob: float | None = None            # the sum of the sampled tokens' logprobs so far
+  # finish_reason: "stop" or "length" (an aborted request gets no more outputs); stop_reason: the stop string or stop token id that ended
+  # it (None for EOS, length or abort), as in vLLM; logprobs: per token, the sampled token and the top SamplingParams.logprobs ones;
+  # cumulative_logprob: the sum of the sampled tokens' logprobs so far
+  index: int; text: str; token_ids: list[int]; finish_reason: str | None = None; stop_reason: str | int | None = None
+  logprobs: list[dict[int, Logprob]] | None = None; cumulative_logprob: float | None = None
   def __add__(self, delta:"CompletionOutput") -> "CompletionOutput":   # the output so far and the next delta, as one
     return dataclasses.replace(delta, text=self.text + delta.text, token_ids=self.token_ids + delta.token_ids,
                                logprobs=delta.logprobs and (self.logprobs or []) + delta.logprobs)

@@ -1,8 +1,6 @@
 """OpenAI-compatible HTTP server (`python -m tinyvllm.serve`): one AsyncLLM behind a small Starlette app, shaped like vLLM's api_server."""
-import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, time, typing, uuid
-import uvicorn
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, time, typing, uuid, uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, Metric, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -11,7 +9,7 @@ from starlette.routing import Route
 from tinyvllm.config import Config
 from tinyvllm.sequence import ParamError, SamplingParams
 from tinyvllm.llm_engine import AsyncLLM, EngineError
-from tinyvllm.chat import request as chat_request
+from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, json_size, request as chat_request
 
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
@@ -27,7 +25,6 @@ NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_s
   ([[]], "functions bad_words"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
   ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template "
                                   "guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
-SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")
 # vLLM's latency histograms (vllm:NAME_seconds), with edges from 1 ms to 35 min doubling at each step
 HISTOGRAMS = ("time_to_first_token", "time_per_output_token", "e2e_request_latency")
 
@@ -60,23 +57,13 @@ class OpenAIServer:
     if self.api_key and (scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), self.api_key.encode())):
       raise APIError("Incorrect API key provided.", 401, code="invalid_api_key")
 
-  async def read_request(self, request) -> tuple[list[int], SamplingParams, dict, typing.Callable]:
-    self.authorize(request)
-    if not self.llm.healthy: raise APIError("The engine has failed and cannot serve requests.", 503, "ServiceUnavailableError", code=503)
-    if request.headers.get("content-type", "application/json").split(";")[0].strip().lower() != "application/json":
-      raise APIError("The body must be JSON, sent as Content-Type: application/json", 415)
-    raw = bytearray()
-    async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
-      raw += chunk
-      if len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
-    # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
-    return await asyncio.to_thread(self.parse, raw)
-
   def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, dict, typing.Callable]:
     try: body = json.loads(raw, parse_constant=_reject)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
     for field, value in ((field, value) for field, value in body.items() if value is not None):   # null means the default
+      # bounded before anything copies, renders or compiles it (chat.py)
+      if json_size(value) > MAX_VALUES: raise APIError(f"'{field}' nests over {MAX_DEPTH} levels or holds over {MAX_VALUES} values", param=field)
       if field in NOT_YET and value not in NOT_YET[field]: raise APIError(f"'{field}' is not supported yet", param=field)
       # the exact JSON type: true is no number
       if (expected := HONOURED.get(field)) and type(value) not in expected: raise APIError(f"'{field}' has the wrong type", param=field)
@@ -85,10 +72,12 @@ class OpenAIServer:
     if body.get("model") not in (None, self.model): raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
     prompt, structured, parser = chat_request(self.llm.engine.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
     max_tokens_field, context = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None), self.config.max_model_len
-    max_tokens = body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1)   # default: the rest of the context
     if body.get("top_logprobs") and not body.get("logprobs"): raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-    try: params = SamplingParams(max_tokens=max_tokens, structured_outputs=structured, logprobs=body.get("top_logprobs") or 0 if body.get("logprobs")
-                                 else None, **{k: body[k] for k in SAMPLING if body.get(k) is not None})
+    # the sampling fields pass under their own names (vLLM's, as SamplingParams has them) but for these three, resolved from OpenAI's fields:
+    # max_tokens (by default the rest of the context), the structured output chat.py made, logprobs (as many as top_logprobs)
+    resolved = {"max_tokens": body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1), "structured_outputs": structured,
+                "logprobs": body.get("top_logprobs") or 0 if body.get("logprobs") else None}
+    try: params = SamplingParams(**{k: v for k, v in body.items() if k in SamplingParams.__dataclass_fields__ and v is not None} | resolved)
     except ParamError as e: raise APIError(str(e), param={"max_tokens": max_tokens_field, "logprobs": "top_logprobs"}.get(e.param, e.param))
     if (total := len(prompt) + params.max_tokens) > context: raise APIError(f"This model's maximum context length is {context} tokens. "
                    f"However, you requested {total} tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
@@ -106,7 +95,16 @@ class OpenAIServer:
     self.successes.labels(self.model, out.outputs[-1].finish_reason).inc()
 
   async def chat(self, request):
-    prompt, params, body, parser = await self.read_request(request)
+    # the request itself first: its key, the engine's health, and a JSON body of at most MAX_BODY bytes
+    self.authorize(request)
+    if not self.llm.healthy: raise APIError("The engine has failed and cannot serve requests.", 503, "ServiceUnavailableError", code=503)
+    if request.headers.get("content-type", "application/json").split(";")[0].strip().lower() != "application/json":
+      raise APIError("The body must be JSON, sent as Content-Type: application/json", 415)
+    raw = bytearray()
+    async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
+      if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
+    # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
+    prompt, params, body, parser = await asyncio.to_thread(self.parse, raw)
     request_id, counts, parsers = f"chatcmpl-{uuid.uuid4().hex}", [0] * params.n, [parser(i, params.logprobs) for i in range(params.n)]
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": sum(counts), "total_tokens": len(prompt) + sum(counts)}
@@ -121,8 +119,7 @@ class OpenAIServer:
       # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message
       except EngineError: raise APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
     if body.get("stream"):
-      sse = lambda data: f"data: {json.dumps(data)}\n\n"
-      chunk = lambda choices, **extra: sse({**head, "object": "chat.completion.chunk", "choices": choices, **extra})
+      sse, chunk = lambda data: f"data: {json.dumps(data)}\n\n", lambda c, **kw: sse({**head, "object": "chat.completion.chunk", "choices": c, **kw})
       async def events():
         async with contextlib.aclosing(choices()) as stream:
           yield "".join(chunk([p.choice(None, delta={"role": "assistant", "content": ""})]) for p in parsers)
@@ -138,10 +135,9 @@ class OpenAIServer:
         if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
     return JSONResponse({**head, "choices": [p.reply() for p in parsers], "usage": usage()})
 
-  async def models(self, request):
-    self.authorize(request)
-    return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()), "owned_by": "tinyvllm",
-                                                     "root": self.model, "max_model_len": self.config.max_model_len}]})   # root: no local path
+  async def models(self, request):   # root: the model's name, never a local path
+    return self.authorize(request) or JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
+                                                    "owned_by": "tinyvllm", "root": self.model, "max_model_len": self.config.max_model_len}]})
 
   async def health(self, request): return Response(status_code=200 if self.llm.healthy else 503)
 
@@ -157,8 +153,9 @@ class OpenAIServer:
                         "vllm:spec_decode_num_drafts_total": sch.num_drafts, "vllm:spec_decode_num_draft_tokens_total": sch.num_draft_tokens,
                         "vllm:spec_decode_num_accepted_tokens_total": sch.num_accepted_tokens,
                         "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": bm.num_free}.items():   # raw counts: leak checks
-      family = (CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily)(name, name.split(":")[1], labels=["model_name"])
-      yield family.add_metric([self.model], value) or family
+      # a counter's family is named without the _total its sample carries, as prometheus_client's own counters are
+      family = Metric(name.removesuffix("_total"), name.split(":")[1], "counter" if name.endswith("_total") else "gauge")
+      yield family.add_sample(name, {"model_name": self.model}, value) or family
 
 def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None) -> Starlette:
   server = OpenAIServer(llm, served_model_name, api_key)

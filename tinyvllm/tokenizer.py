@@ -1,5 +1,4 @@
-import datetime, json, os, pathlib, typing
-import jinja2, jinja2.ext, jinja2.sandbox, tokenizers
+import datetime, json, os, pathlib, typing, jinja2, jinja2.ext, jinja2.sandbox, tokenizers
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
 def _name(token): return token.get("content") if isinstance(token, dict) else token
@@ -10,9 +9,8 @@ class Tokenizer:
   """A Hugging Face tokenizer.json (as every hub model folder carries), run by HF's own `tokenizers`, with HF's special-token, BOS/EOS
   and chat-template rules. sentencepiece and tiktoken `tokenizer.model` files need converting once: transformers writes tokenizer.json."""
   def __init__(self, model_dir:str):
-    if not os.path.isfile(path := os.path.join(model_dir, "tokenizer.json")):
-      raise FileNotFoundError(f"no tokenizer.json in {model_dir}: from a tokenizer.model, transformers' "
-                              "AutoTokenizer.from_pretrained(model_dir).save_pretrained(model_dir) writes one")
+    if not os.path.isfile(path := os.path.join(model_dir, "tokenizer.json")): raise FileNotFoundError(f"no tokenizer.json in {model_dir}: "
+      "from a tokenizer.model, transformers' AutoTokenizer.from_pretrained(model_dir).save_pretrained(model_dir) writes one")
     try: self.hf = hf = tokenizers.Tokenizer.from_file(path)
     except Exception as e: raise ValueError(f"{model_dir}: tokenizer.json could not be read ({e})") from None
     config, special_map = _json(model_dir, "tokenizer_config.json"), _json(model_dir, "special_tokens_map.json")
@@ -24,8 +22,8 @@ class Tokenizer:
     self.bos_id = self.specials.get(self.bos_token); self.add_bos = config.get("add_bos_token", fmt_bos is not None) and self.bos_id is not None
     eos = [_json(model_dir, f).get("eos_token_id") for f in ("generation_config.json", "config.json")] + [self.specials.get(self.eos_token)]
     self.eos_ids = {i for x in eos for i in (x if isinstance(x, list) else [x]) if i is not None}
-    tmpl = config.get("chat_template")
-    if isinstance(tmpl, list): tmpl = {t["name"]: t["template"] for t in tmpl}.get("default")  # some configs hold several named templates
+    # some configs hold several named templates
+    if isinstance(tmpl := config.get("chat_template"), list): tmpl = {t["name"]: t["template"] for t in tmpl}.get("default")
     if tmpl is None and os.path.isfile(p := os.path.join(model_dir, "chat_template.jinja")): tmpl = pathlib.Path(p).read_text(encoding="utf-8")
     # the environment transformers renders chat templates in, so that prompts match HF's apply_chat_template
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
@@ -34,8 +32,8 @@ class Tokenizer:
     self.chat_template, self.chat_template_text = env.from_string(tmpl) if tmpl else None, tmpl or ""   # chat.py reads the text's markup
 
   def encode(self, text:str, add_special_tokens:bool=True) -> list[int]:
-    ids = self.hf.encode(text, add_special_tokens=False).ids  # BOS is ours to add (add_bos_token may override the post-processor)
-    return [self.bos_id] + ids if add_special_tokens and self.add_bos else ids
+    # BOS is ours to add (add_bos_token may override the post-processor)
+    return ([self.bos_id] if add_special_tokens and self.add_bos else []) + self.hf.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids:list[int]) -> str: return self.hf.decode(ids)   # special tokens and ids past the vocab (padded embedding rows) left out
 

@@ -1,0 +1,46 @@
+"""The small-M GEMV of decode steps (gemm.gemv), against numpy, for every M from 1 to 16, and its GPU form rendered for CUDA, METAL and AMD."""
+import functools
+import numpy as np, pytest
+from tinygrad import Tensor, TinyJit, UOp, dtypes
+from tinygrad.uop.ops import Ops
+from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render
+from tinyvllm import gemm
+from test_attention import RENDERERS, make_renderer
+
+NP = {dtypes.float32: np.float32, dtypes.float16: np.float16}
+
+def reference(x:np.ndarray, w:np.ndarray) -> np.ndarray: return x.astype(np.float64) @ w.astype(np.float64).T
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16])
+@pytest.mark.parametrize("M", range(1, 17))
+def test_gemv_matches_numpy(M, dt):
+  rng = np.random.default_rng(M)
+  x, w = rng.standard_normal((M, 192)).astype(NP[dt]), rng.standard_normal((40, 192)).astype(NP[dt])
+  want = reference(x, w)
+  for rows, vec in ((1, 1), (2, 4), (4, 2)):   # rows of W per lane, words per load (the CPU runs one lane)
+    got = gemm.gemv(Tensor(x), Tensor(w), 1, rows, vec).numpy()
+    assert got.dtype == NP[dt] and np.abs(got - want).max() / np.abs(want).max() < (1e-6 if dt == dtypes.float32 else 2e-3), (rows, vec)
+
+def test_matmul_routes_small_m_to_the_gemv_inside_a_jit():
+  """gemm.matmul sends decode-sized steps to the GEMV (one kernel, no copy of W) and keeps it correct on new inputs in a TinyJit."""
+  w = Tensor(np.random.default_rng(0).standard_normal((64, 128)).astype(np.float16)).realize()
+  step = TinyJit(lambda x: gemm.matmul(x * 2, w).realize())
+  for i in range(3):
+    x = np.random.default_rng(i).standard_normal((3, 128)).astype(np.float16)
+    got, want = step(Tensor(x)).numpy(), reference(2 * x, w.numpy())
+    assert np.abs(got - want).max() / np.abs(want).max() < 2e-3
+  names = [str(getattr(u.src[0].arg, "name", "")) for u in step.captured.linear.toposort() if u.op is Ops.CALL]
+  assert any(n.startswith("gemv_3_64_") for n in names), names
+
+@pytest.mark.parametrize("backend", list(RENDERERS))
+@pytest.mark.parametrize("M, rows", [(1, 1), (8, 2)])
+def test_gemv_renders_with_16_byte_loads(backend, M, rows):
+  """The GPU form (a warp of 32 lanes per row block, 4 words per load) renders for each GPU backend without a GPU, and its loads of
+  16-bit weights are 16 bytes wide (a 4-wide uint vector), the point of reading them as words."""
+  cls, target, marker = RENDERERS[backend]
+  ren = make_renderer(cls, target)
+  args = [((M, 256), dtypes.bfloat16), ((M, 1024), dtypes.bfloat16), ((256, 1024), dtypes.bfloat16)]
+  ast = functools.partial(gemm._gemv_kernel, lanes=32, rows=rows, vec=4)(*[UOp.placeholder(s, d, i) for i, (s, d) in enumerate(args)])
+  prg = do_linearize(ren, UOp(Ops.PROGRAM, src=(sink := full_rewrite_to_sink(ast, ren, optimize=False),)), sink)
+  src = do_render(ren, prg, prg.src[1]).src[2].arg
+  assert marker in src and "gemv" in src and any(f"{t}4 val" in src for t in ("uint", "unsigned_int")), src
