@@ -35,8 +35,9 @@ class ModelRunner:
     start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
     # on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
-    # before the weights: the kernels that load them are in the stored caches too
-    for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {hf_config}") or ()): cache.update(stored)
+    # before the weights (the kernels that load them are in them too), and only the part the first graphs use (see below): all of them
+    # took 0.3-0.5 s to read here (CPU, bundled model), that part 0.02 s. The rest is read once the engine serves (capture_next)
+    for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {hf_config} ready") or ()): cache.update(stored)
     # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
     if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
     self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
@@ -45,14 +46,14 @@ class ModelRunner:
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
     kv_gb = config.kv_cache_memory if config.kv_cache_memory is not None else self.default_kv_gb(bytes_per_block)
-    self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1)
-    self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)   # one sequence must always fit, or preemption can't help
+    # one sequence must always fit the pool, or preemption can't help
+    self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1); self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
     self.kv = [[words(Tensor.zeros(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
-    self.max_blocks = -(-self.max_model_len // block_size)
     top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
-    self.max_rows = min(top, config.max_num_seqs * (1 + config.speculative_ngram))   # a row samples per sequence, and per draft
+    # a row samples per sequence, and per draft; a block-table row is as long as the longest sequence
+    self.max_rows, self.max_blocks = min(top, config.max_num_seqs * (1 + config.speculative_ngram)), -(-self.max_model_len // block_size)
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
     self.step_buffer = Tensor(np.zeros(top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS)), np.int32)).realize()
@@ -63,10 +64,13 @@ class ModelRunner:
     self.no_grammar = functools.cache(lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).realize())
     # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
-    # server's idle time). A step runs in the smallest captured bucket that holds it, so the token budget is the largest captured yet
-    units, ready = [(n, *variant) for variant in ((0, 0), (1, 0), (1, 1)) for n in buckets], ((1, 0, 0), (min(64, top), 0, 0))
-    self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda unit: unit not in ready))
-    while self.pending and self.pending[0] in ready: self.capture_next()
+    # server's idle time), their filtering samplers first (top-p, grammars). A step runs in the smallest captured bucket that holds it,
+    # so the token budget is the largest captured yet
+    units, first = [(n, *variant) for variant in ((0, 0), (1, 0), (1, 1)) for n in buckets], [(n, f, 0) for f in (0, 1) for n in (1, min(64, top))]
+    self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
+    while self.pending and self.pending[0] in first[:2]: self.capture_next()
+    if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.device} {hf_config} ready", STORED_CACHES)
+    self.stored = None
     log.info("ready after %.1f s: %d step graphs captured, %d more to capture", time.perf_counter() - start, len(self.graphs), len(self.pending))
 
   def pick_dtype(self, hf_config:dict):
@@ -160,11 +164,14 @@ class ModelRunner:
   def capture_next(self) -> tuple:
     """Capture the first pending unit, and return it (it stays pending until it is in); after the last, store the caches they filled. BEAM,
     when asked for, tunes only the decode-sized graphs."""
+    if self.stored is None:   # the first unit after the engine's first graphs: the rest of the stored caches (see __init__)
+      for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {self.hf_config}") or ()): cache.update(stored)
+      self.stored = list(map(len, STORED_CACHES))
     with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
     self.buckets = sorted({*self.buckets, unit[0]})   # each unit captures its bucket's model graph: steps may use the bucket now
     if len(self.pending) > 1: return self.pending.pop(0)
     # how many kernels they lowered and compiled says whether cache.db held them
-    log.info("all %d step graphs captured: %d kernels lowered", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])
+    log.info("all %d step graphs captured: %d kernels lowered after the first ones", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])
     # written back only if this start-up added to them: pickling ~40 MB takes seconds
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.device} {self.hf_config}", STORED_CACHES)
     return self.pending.pop(0)

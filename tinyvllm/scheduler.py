@@ -23,10 +23,10 @@ class Scheduler:
   plain decode would draw there: drafts are kept while each equals the token sampled before it, then the first token that differs, and the
   text is the same as without speculation."""
   def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
-    self.config, self.bm, self.eos_ids = config, block_manager, eos_ids
     # running in admission order: the last one is the first to be preempted
-    self.waiting, self.running = collections.deque(), []; self.num_preemptions = self.num_prompt_tokens = self.num_generation_tokens = 0
-    self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0   # verifications, tokens proposed, tokens kept
+    self.config, self.bm, self.eos_ids, self.waiting, self.running, self.num_preemptions = config, block_manager, eos_ids, collections.deque(), [], 0
+    # counters; speculative decoding's are the last three: verifications, tokens proposed, tokens kept
+    self.num_prompt_tokens = self.num_generation_tokens = self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
 
   def schedule(self, max_tokens:float=float("inf")) -> list[tuple[Sequence, int]]:
     """Returns (sequence, number of its tokens to compute this step); a sequence whose last token is computed samples one more, and one
