@@ -44,3 +44,11 @@ def test_gemv_renders_with_16_byte_loads(backend, M, rows):
   prg = do_linearize(ren, UOp(Ops.PROGRAM, src=(sink := full_rewrite_to_sink(ast, ren, optimize=False),)), sink)
   src = do_render(ren, prg, prg.src[1]).src[2].arg
   assert marker in src and "gemv" in src and any(f"{t}4 val" in src for t in ("uint", "unsigned_int")), src
+
+@pytest.mark.parametrize("K", [7, 130])
+def test_matmul_with_k_that_does_not_fill_whole_words(K):
+  """16-bit rows whose bytes do not divide into the GEMV's words (odd K) must not lose their last element: such shapes go elsewhere."""
+  rng = np.random.default_rng(K)
+  x, w = rng.standard_normal((2, K)).astype(np.float16), rng.standard_normal((8, K)).astype(np.float16)
+  got, want = gemm.matmul(Tensor(x), Tensor(w)).numpy(), reference(x, w)
+  assert np.abs(got - want).max() / np.abs(want).max() < 2e-3

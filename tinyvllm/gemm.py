@@ -111,7 +111,7 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None) -> Tenso
   wgmma = isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and dev.renderer.target.arch == "sm_90" and os.getenv("SM90A_GEMM") != "0" \
     and x.dtype == w.dtype == dtypes.bfloat16 and K % 64 == 0 and K >= 512 and N % 128 == 0
   # the GEMV below 4 rows beside wgmma, whose 64-row tiles read W faster from there on (scripts/bench_gemv.py on an H100)
-  vec = next((v for v in (4, 2, 1) if (K * x.dtype.itemsize // 4) % (lanes * v) == 0), 0)   # words per load, as K allows
+  vec = next((v for v in (4, 2, 1) if K * x.dtype.itemsize % (4 * lanes * v) == 0), 0)   # words per load, as K's bytes allow
   if M < (4 if wgmma else 16) and x.dtype == w.dtype and vec: return gemv(x, w, lanes, 2 if M >= 4 and N % 2 == 0 else 1, vec)
   if not wgmma: return x @ w.T
   BM, BN, ST, S = cfg or plan(M, N, K)
