@@ -24,15 +24,15 @@ def tok(request, folders): return Tokenizer(str(folders[request.param]))
                                       ("stories", DATA / "tokenizer_reference.json")])
 def test_reference_encodings(folders, name, ref):
   ref, tok = json.loads(ref.read_text()), Tokenizer(str(folders[name]))
-  assert (tok.vocab_size, tok.bos_id) == (ref["vocab_size"], ref["bos_id"])
+  assert (tok.hf.get_vocab_size(), tok.bos_id) == (ref["vocab_size"], ref["bos_id"])
   for case in ref["cases"]:
     assert tok.encode(case["text"], add_special_tokens=False) == case["token_ids"], case["text"]
     assert tok.encode(case["text"]) == [ref["bos_id"]] + case["token_ids"]  # both families add BOS by default
-    assert tok.decode([ref["bos_id"]] + case["token_ids"]) == case.get("decoded", case["text"])
+    assert tok.hf.decode([ref["bos_id"]] + case["token_ids"]) == case.get("decoded", case["text"])
   if "special_text_case" in ref:  # special-token strings in text become special ids; decode skips them
     case = ref["special_text_case"]
     assert tok.encode(case["text"], add_special_tokens=False) == case["token_ids"]
-    assert tok.decode(case["token_ids"]) == "user\n\nHi!"
+    assert tok.hf.decode(case["token_ids"]) == "user\n\nHi!"
   if "eos_id" in ref: assert ref["eos_id"] in tok.eos_ids
 
 def test_llama3_special_tokens(folders):
@@ -44,7 +44,7 @@ def test_llama3_special_tokens(folders):
 @pytest.mark.parametrize("text", MULTIBYTE)
 def test_roundtrip(tok, text):
   ids = tok.encode(text)
-  assert ids[0] == tok.bos_id and tok.decode(ids) == text
+  assert ids[0] == tok.bos_id and tok.hf.decode(ids) == text
 
 def _deltas(tok, prompt_ids, out_ids, chunks):
   det, deltas, i = tok.detokenizer(prompt_ids), [], 0
@@ -56,7 +56,7 @@ def _deltas(tok, prompt_ids, out_ids, chunks):
 @pytest.mark.parametrize("text", MULTIBYTE)
 def test_incremental_detokenizer(tok, text):
   prompt_ids, out_ids = tok.encode("Once upon a time"), tok.encode(" " + text, add_special_tokens=False)
-  expect = tok.decode(prompt_ids + out_ids)[len(tok.decode(prompt_ids)):]  # the output text in context
+  expect = tok.hf.decode(prompt_ids + out_ids)[len(tok.hf.decode(prompt_ids)):]  # the output text in context
   assert expect.strip() == text.strip()
   rng = random.Random(0)
   for chunks in ([1] * len(out_ids), [len(out_ids)], None):
@@ -65,7 +65,7 @@ def test_incremental_detokenizer(tok, text):
       while left: chunks.append(n := min(left, rng.randint(1, 3))); left -= n
     det, deltas = _deltas(tok, prompt_ids, out_ids, chunks)
     assert "".join(deltas) == expect and not any("\ufffd" in d for d in deltas)
-  if isinstance(tok.hf.decoder, tokenizers.decoders.ByteLevel): assert expect == tok.decode(out_ids)  # byte-level BPE keeps the space anyway
+  if isinstance(tok.hf.decoder, tokenizers.decoders.ByteLevel): assert expect == tok.hf.decode(out_ids)  # byte-level BPE keeps the space anyway
 
 def test_incremental_holds_back_partial_characters(folders):
   for folder in ("llama3", "llama2"):
@@ -73,7 +73,7 @@ def test_incremental_holds_back_partial_characters(folders):
     prompt_ids, out_ids = tok.encode("Hi"), tok.encode("🦙🦙", add_special_tokens=False)  # byte tokens in both
     det, deltas = _deltas(tok, prompt_ids, out_ids, [1] * len(out_ids))
     assert "" in deltas and not any("\ufffd" in d for d in deltas)
-    assert "".join(deltas) == tok.decode(prompt_ids + out_ids)[len(tok.decode(prompt_ids)):] and "".join(deltas).endswith("🦙🦙")
+    assert "".join(deltas) == tok.hf.decode(prompt_ids + out_ids)[len(tok.hf.decode(prompt_ids)):] and "".join(deltas).endswith("🦙🦙")
 
 def test_incremental_work_does_not_grow_with_the_sequence(folders):
   """Each token decodes a short window, not the whole sequence: after a 50k-token context a token costs what it costs after 5 tokens."""
@@ -84,7 +84,7 @@ def test_incremental_work_does_not_grow_with_the_sequence(folders):
     start = time.perf_counter(); text = first + "".join(det(i) or "" for i in out_ids[1:])
     return time.perf_counter() - start, text
   (short, text), (long, long_text) = run(tok.encode("Once upon a time")), run(tok.encode("Once upon a time " * 10_000))
-  assert long_text == text == tok.decode(out_ids) and long < 3 * short + 0.02, (short, long)
+  assert long_text == text == tok.hf.decode(out_ids) and long < 3 * short + 0.02, (short, long)
 
 def test_reference_output_text_in_context():
   tok, ref = Tokenizer(str(STORIES)), json.loads((DATA / "reference.json").read_text())
@@ -92,7 +92,7 @@ def test_reference_output_text_in_context():
     assert tok.encode(case["prompt"]) == case["prompt_token_ids"]
     det, deltas = _deltas(tok, case["prompt_token_ids"], case["output_token_ids"], [1] * len(case["output_token_ids"]))
     assert "".join(deltas) == case["output_text_in_context"]
-    assert tok.decode(case["output_token_ids"]) == case["output_text"]
+    assert tok.hf.decode(case["output_token_ids"]) == case["output_text"]
   # at least one recorded case shows the difference: sentencepiece drops the leading space of a text's first token
   assert any(c["output_text"] != c["output_text_in_context"] for c in ref["cases"])
 
@@ -145,7 +145,7 @@ def test_matches_sentencepiece_and_tiktoken(folders, name):
     assert tok.encode(text, add_special_tokens=False) == (ids := encode(text)), text
     if "▁" not in text:  # sentencepiece drops every leading "▁" piece on decode, HF one space (stories260K/SOURCES.md)
       special = {i for i, token in tok.hf.get_added_tokens_decoder().items() if token.special}
-      assert tok.decode(ids) == decode([i for i in ids if i not in special]), text
+      assert tok.hf.decode(ids) == decode([i for i in ids if i not in special]), text
 
 def test_bundled_tokenizer_json_is_its_conversion(tmp_path):  # tinyvllm/stories260K/SOURCES.md: made by conftest.sentencepiece_to_hf
   sentencepiece_to_hf(STORIES_SP, tmp_path)
@@ -173,13 +173,13 @@ def test_hf_tokenizer_json_matches_tokenizers(tmp_path, style):
   hf = _train(tmp_path, style)
   (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eot_id|>"}))
   tok = Tokenizer(str(tmp_path))
-  assert tok.vocab_size == hf.get_vocab_size() and tok.eos_ids == {hf.token_to_id("<|eot_id|>")}
+  assert tok.eos_ids == {hf.token_to_id("<|eot_id|>")}
   assert tok.bos_id == (hf.token_to_id("<|begin_of_text|>") if style == "llama3" else None)
   for text in VARIED:
     enc = hf.encode(text)
     assert tok.encode(text) == enc.ids, text
     assert tok.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False).ids, text
-    assert tok.decode(enc.ids) == hf.decode(enc.ids, skip_special_tokens=True), text
+    assert tok.hf.decode(enc.ids) == hf.decode(enc.ids, skip_special_tokens=True), text
 
 # ---- chat templates, checked against transformers ----
 

@@ -1,6 +1,6 @@
 """Sampling on device, inside the step's graph: grammar masks, temperature, top-k, top-p and seeded Gumbel-max, one graph for every mix
 of requests. Structured outputs are llguidance grammars (as in vLLM, SGLang and llama.cpp): a per-row bitmask of allowed tokens."""
-import json, math
+import functools, math
 import numpy as np, llguidance
 from llguidance import LLMatcher
 from tinygrad import Tensor, dtypes
@@ -11,8 +11,8 @@ from tinyvllm.sequence import MAX_LOGPROBS, Logprob, ParamError
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE),   # vLLM's structured-output kinds
             "json_object": lambda _: LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE),
-            "regex": LLMatcher.grammar_from_regex, "grammar": LLMatcher.grammar_from_lark,
-            "choice": lambda choices: LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, choices)))}
+            # llguidance's own builder: a regex, a Lark or GBNF grammar, a list of strings to choose from
+            **{kind: functools.partial(llguidance.grammar_from, kind) for kind in ("regex", "grammar", "choice")}}
 
 def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
   """llguidance's view of the vocabulary (it reads the tokenizer.json itself), built once per model (~0.4 s at 128k tokens)."""

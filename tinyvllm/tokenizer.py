@@ -15,7 +15,6 @@ class Tokenizer:
     except Exception as e: raise ValueError(f"{model_dir}: tokenizer.json could not be read ({e})") from None
     config, special_map = _json(model_dir, "tokenizer_config.json"), _json(model_dir, "special_tokens_map.json")
     self.specials = {t.content: i for i, t in hf.get_added_tokens_decoder().items()}   # added tokens: their strings encode to their ids
-    self.vocab_size = max([hf.get_vocab_size(), *(i + 1 for i in self.specials.values())])
     # HF adds BOS in the post-processor ("<bos> $A"), not with a flag: what it adds to an empty text is the BOS
     fmt_bos = next(iter(hf.encode("").tokens), None)
     self.bos_token, self.eos_token = (_name(config.get(k, special_map.get(k, fmt))) for k, fmt in (("bos_token", fmt_bos), ("eos_token", None)))
@@ -34,8 +33,6 @@ class Tokenizer:
   def encode(self, text:str, add_special_tokens:bool=True) -> list[int]:
     # BOS is ours to add (add_bos_token may override the post-processor)
     return ([self.bos_id] if add_special_tokens and self.add_bos else []) + self.hf.encode(text, add_special_tokens=False).ids
-
-  def decode(self, ids:list[int]) -> str: return self.hf.decode(ids)   # special tokens and ids past the vocab (padded embedding rows) left out
 
   def detokenizer(self, prompt_ids:list[int]) -> typing.Callable[[int], str | None]:
     """vLLM's incremental detokenizer, as `tokenizers`' DecodeStream: a token's new text, decoded in the context of the tokens before it
