@@ -27,8 +27,7 @@ from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import BUNDLED_MODEL, select_device
 
-ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "block_size", "enforce_eager", "max_model_len", "dtype", "beam",
-               "speculative_ngram")
+ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "block_size", "enforce_eager", "max_model_len", "dtype", "beam")
 
 def model_folder(args) -> tuple[str | None, str]:
   """(model folder, load_format) for the engine."""
@@ -285,8 +284,6 @@ def main():
   p.add_argument("--enforce-eager", action="store_true", default=None)
   p.add_argument("--dtype")
   p.add_argument("--beam", type=int, help="BEAM width for the decode graphs (searched once, cached in tinygrad's cache.db)")
-  p.add_argument("--speculative-ngram", type=int, help="speculative decoding: up to K draft tokens a step by n-gram lookup (scripts/bench_spec.py "
-                 "measures it on a real model)")
   p.add_argument("--copy-gib", type=float, default=1.0, help="latency: buffer size of the bandwidth test")
   p.add_argument("--matmul-size", type=int, help="latency: M=N=K of the matmul test (default 8192, 2048 on CPU)")
   p.add_argument("--peer", choices=["hf", "tinygrad"], help="also run a peer on the same workload after ours, and print the ratios: Hugging "

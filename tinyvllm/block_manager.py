@@ -50,10 +50,9 @@ class BlockManager:
       seq.block_hashes.append(h := block_hash(seq.block_hashes[-1] if j else b"", seq.token_ids[j*self.block_size:(j+1)*self.block_size]))
       if h not in self.cached: self.cached[h], self.hash_of[seq.block_table[j]] = seq.block_table[j], h
 
-  def free_blocks(self, seq:Sequence, num_tokens:int=0):
-    """Give back the blocks past seq's first num_tokens tokens: all of them, or the slots of drafts that failed verification."""
+  def free_blocks(self, seq:Sequence):
     # a sequence's tail is the least likely to be shared again, so it is reused first
-    for b in reversed(seq.block_table[(keep := -(-num_tokens // self.block_size)):]):
+    for b in reversed(seq.block_table):
       self.ref[b] -= 1   # a freed block goes to the back of the free list if it is cached, to the front if not (reused first)
       if self.ref[b] == 0: self.free[b] = None; self.free.move_to_end(b, last=b in self.hash_of)
-    seq.block_table, seq.num_computed_tokens = seq.block_table[:keep], num_tokens
+    seq.block_table, seq.num_computed_tokens = [], 0

@@ -18,12 +18,10 @@ class Config:
   enforce_eager: bool = False            # no TinyJit graphs, for debugging
   seed: int = 0                          # seeds the per-request seeds of requests that don't set one, so offline runs are repeatable
   beam: int = 0                          # BEAM width for the decode graphs' kernels (tinygrad's BEAM), searched once and kept in its cache.db
-  speculative_ngram: int = 0             # speculative decoding: verify up to this many tokens a step, proposed by n-gram lookup (0 = off)
   def __post_init__(self):
     positive = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory")
     if bad := [name for name in positive if getattr(self, name) is not None and not getattr(self, name) > 0]:
       raise ValueError(f"{', '.join(bad)} must be positive (leave unset for the default)")
-    if self.speculative_ngram < 0: raise ValueError("speculative_ngram must be 0 (off) or positive")
 
 def model_path(model:str|None) -> str:
   """A local folder as it is; otherwise a Hugging Face hub id, downloaded once into the hub's cache as vLLM does."""

@@ -9,9 +9,9 @@ from tinyvllm.sequence import Sequence
 
 log = logging.getLogger("tinyvllm")
 # A step's inputs travel to the device as one int32 buffer (one copy per step): the block-table rows of the step's R sampled rows, rows of
-# R per-sample values (temperatures, top_p and min_p as float32 bits), then rows of N per-token values. A sequence samples one row, and one
-# more per draft it verifies (speculative decoding): R = min(N, max_num_seqs * (1 + speculative_ngram)). What the sampler reads comes
-# first, so it lies where it lies for every token count N of that R: one sampler graph serves them all.
+# R per-sample values (temperatures, top_p and min_p as float32 bits), then rows of N per-token values. A sequence samples one row:
+# R = min(N, max_num_seqs). What the sampler reads comes first, so it lies where it lies for every token count N of that R: one sampler
+# graph serves them all.
 TOKEN_ROWS = ("tokens", "positions", "slots", "token_seq", "cached_lens")
 SAMPLE_ROWS = ("logits_idx", "seeds", "out_positions", "top_k", "temperatures", "top_p", "min_p")
 
@@ -52,8 +52,8 @@ class ModelRunner:
     self.kv = [[words(Tensor.zeros(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
     top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
-    # a row samples per sequence, and per draft; a block-table row is as long as the longest sequence
-    self.max_rows, self.max_blocks = min(top, config.max_num_seqs * (1 + config.speculative_ngram)), -(-self.max_model_len // block_size)
+    # a row samples per sequence; a block-table row is as long as the longest sequence
+    self.max_rows, self.max_blocks = min(top, config.max_num_seqs), -(-self.max_model_len // block_size)
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
     self.step_buffer = Tensor(np.zeros(top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS)), np.int32)).realize()
@@ -131,7 +131,7 @@ class ModelRunner:
     rows["positions"][:total], rows["token_seq"][:total], rows["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
     # padding tokens write nowhere
     rows["slots"][:] = -1; rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    # a row samples after each token from a sequence's last known one on: after its last (once its prompt is done) and after each draft
+    # a row samples after a sequence's last token, once its prompt is done
     row_seq = seq_of_token[logits_idx := np.flatnonzero(positions >= (length - 1)[seq_of_token])]
     top_k = np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size)
     per_row = {"logits_idx": logits_idx, "out_positions": positions[logits_idx] + 1} | {name: values[row_seq] for name, values in
@@ -145,7 +145,7 @@ class ModelRunner:
       if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn, prune=True); jit.cnt = 1
       return (fxn if self.config.enforce_eager else jit)(self.step_buffer, *args, **sizes)
     def launch() -> Tensor:
-      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] + s.drafts for s, k in batch)), int)
+      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
       (dev := self.step_buffer.uop.buffer).allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))

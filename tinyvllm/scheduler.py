@@ -4,43 +4,24 @@ from tinyvllm.sequence import Sequence, Status, CompletionOutput
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.sampler import unpack_logprobs
 
-def propose_ngram(token_ids:list[int], k:int, sizes=range(4, 1, -1)) -> list[int]:
-  """Speculative decoding's proposer, vLLM's `ngram` (prompt lookup): the k tokens that followed the latest earlier occurrence of the
-  sequence's last n tokens, for the longest n in `sizes` that occurs. Free, and right where the output copies its context (edits,
-  quotes, code); a draft model would replace this function."""
-  text = "".join(map(chr, token_ids))   # a character per token, so that str.rfind does the search (in C)
-  # the longest n first; a match must end before the last token (the suffix itself is no earlier occurrence)
-  return next((token_ids[i + n:i + n + k] for n in sizes if (i := text.rfind(text[-n:], 0, len(text) - 1)) >= 0), [])
-
 class Scheduler:
   """Continuous batching: every step fills a token budget, running sequences first (decodes and unfinished prompt chunks), then new
   prompts in arrival order, chunked so a long prompt never stalls the decodes. When blocks run out, the most recently admitted sequence is
   preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap). A step's bookkeeping is split
   around the GPU, as in vLLM's async scheduling: `advance` right after its launch, `receive` when its tokens arrive (just before the next
-  launch), and `postprocess` (nano-vllm's) while the next step runs.
-  Speculative decoding: a decode may carry drafts, tokens guessed ahead (propose_ngram); the step computes them with it, like a prompt
-  chunk, and samples at each of their positions. Sampling is a pure function of (seed, position, logits), so each sampled token is what a
-  plain decode would draw there: drafts are kept while each equals the token sampled before it, then the first token that differs, and the
-  text is the same as without speculation."""
+  launch), and `postprocess` (nano-vllm's) while the next step runs."""
   def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
     # running in admission order: the last one is the first to be preempted
     self.config, self.bm, self.eos_ids, self.waiting, self.running, self.num_preemptions = config, block_manager, eos_ids, collections.deque(), [], 0
-    # counters; speculative decoding's are the last three: verifications, tokens proposed, tokens kept
-    self.num_prompt_tokens = self.num_generation_tokens = self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+    self.num_prompt_tokens = self.num_generation_tokens = 0   # counters
 
   def schedule(self, max_tokens:float=float("inf")) -> list[tuple[Sequence, int]]:
-    """Returns (sequence, number of its tokens to compute this step); a sequence whose last token is computed samples one more, and one
-    after each of its drafts. max_tokens: the largest step the runner has a graph for yet, if under the configured budget."""
-    budget, batch, k, context = min(max_tokens, self.config.max_num_batched_tokens), [], self.config.speculative_ngram, self.config.max_model_len
+    """Returns (sequence, number of its tokens to compute this step); a sequence whose last token is computed samples one more.
+    max_tokens: the largest step the runner has a graph for yet, if under the configured budget."""
+    budget, batch = min(max_tokens, self.config.max_num_batched_tokens), []
     for seq in list(self.running):
-      # preempted below while making room for an earlier sequence; or its drafts are being verified: where it goes on is not known yet
-      if seq.status != Status.RUNNING or seq.drafts: continue
+      if seq.status != Status.RUNNING: continue   # preempted below while making room for an earlier sequence
       if (num_tokens := min(len(seq) - seq.num_computed_tokens, budget)) == 0: break
-      if k and len(seq) == seq.num_computed_tokens + 1 and not seq.matcher:   # a decode, whose step can verify drafts too
-        # drafts follow its last token (their positions count against the budget and stay in the context); a last token the GPU is still
-        # drawing (a placeholder, async scheduling) is waited for if the tokens before it would propose
-        if seq.token_ids[-1] != -1: seq.drafts = propose_ngram(seq.token_ids, min(k, budget - 1, context - len(seq))); num_tokens += len(seq.drafts)
-        elif propose_ngram(seq.token_ids[:-1], 1): continue
       while seq.status == Status.RUNNING and not self.bm.append(seq, num_tokens): self.preempt(self.running[-1])
       if seq.status == Status.RUNNING: batch.append((seq, num_tokens)); budget -= num_tokens
     while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -55,25 +36,18 @@ class Scheduler:
 
   def advance(self, batch:list[tuple[Sequence, int]]):
     """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples holds a
-    placeholder for the token the GPU is drawing, so the next step can be scheduled now (vLLM's async scheduling). Drafts count as
-    computed only once verified (receive), so no block holding a rejected one is ever registered for prefix caching."""
+    placeholder for the token the GPU is drawing, so the next step can be scheduled now (vLLM's async scheduling)."""
     for seq, num_tokens in ((seq, k) for seq, k in batch if seq.status == Status.RUNNING):   # not one the previous step's token stopped
-      seq.num_computed_tokens += num_tokens - len(seq.drafts); self.bm.commit(seq)   # full blocks are registered for prefix caching
-      self.num_drafts, self.num_draft_tokens = self.num_drafts + bool(seq.drafts), self.num_draft_tokens + len(seq.drafts)
+      seq.num_computed_tokens += num_tokens; self.bm.commit(seq)   # full blocks are registered for prefix caching
       if seq.num_computed_tokens == len(seq): seq.token_ids.append(-1)   # a mid-prompt chunk samples nothing
 
   def receive(self, seqs:list[Sequence], rows:np.ndarray) -> list[tuple[Sequence, np.ndarray, int]]:
     """A step's tokens (each row's first entry) replace their placeholders before the next step's launch, which reads them (and their
-    grammars' masks). A verifying sequence's rows sampled after its last token and after each draft, in order: a draft equal to the token
-    sampled at its position is kept, and the next row's token follows it; the first that differs is replaced by that token, which ends the
-    sequence's rows, and gives back its slots and those after it. Returns (sequence, row, its length with the token) for each token kept."""
+    grammars' masks). Returns (sequence, row, its length with the token) for each token kept."""
     kept = []
-    # not a sequence the step before stopped; rows past a sequence's first wrong draft find no placeholder
+    # not a sequence the step before stopped
     for seq, row in ((seq, row) for seq, row in zip(seqs, rows) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1):
       seq.token_ids[-1] = token = int(row[0]); seq.matcher and seq.matcher.consume_token(token); kept.append((seq, row, len(seq)))
-      # a right draft: its KV stands and the next row's token follows it; a wrong one: its slots and those after it are given back
-      if seq.drafts[:1] == [token]: seq.drafts.pop(0); seq.token_ids.append(-1); seq.num_computed_tokens += 1; self.num_accepted_tokens += 1
-      elif seq.drafts: seq.drafts = []; self.bm.free_blocks(seq, seq.num_computed_tokens)
     return kept
 
   def postprocess(self, kept:list[tuple[Sequence, np.ndarray, int]]) -> list[tuple[Sequence, CompletionOutput]]:
@@ -95,7 +69,7 @@ class Scheduler:
       if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
         seq.held_text = seq.held_text[:i + len(stop) if params.include_stop_str_in_output else i]; reason, stop_reason = "stop", stop
     if reason is None and (length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len): reason = "length"
-    if reason: del seq.token_ids[length:]; self.finish(seq)   # tokens verified after the one that stops it are dropped
+    if reason: del seq.token_ids[length:]; self.finish(seq)   # the placeholder of a step scheduled meanwhile is dropped
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
     text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
     if logprobs := None if params.logprobs is None else unpack_logprobs(row, params.logprobs): seq.cumulative_logprob += logprobs[token].logprob
@@ -103,7 +77,7 @@ class Scheduler:
 
   def preempt(self, seq:Sequence):
     self.bm.free_blocks(seq); self.running.remove(seq); self.waiting.appendleft(seq)
-    seq.status, seq.drafts, self.num_preemptions = Status.WAITING, [], self.num_preemptions + 1   # drafts in flight are dropped
+    seq.status, self.num_preemptions = Status.WAITING, self.num_preemptions + 1
 
   def finish(self, seq:Sequence):
     if seq.status == Status.RUNNING: self.bm.free_blocks(seq); self.running.remove(seq)

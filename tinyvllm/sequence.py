@@ -66,9 +66,8 @@ class Sequence:
     self.request_id, self.index, self.parent, self.params, self.status, self.seed = request_id, index, parent, params, Status.WAITING, seed
     # the prompt list is shared by siblings, not copied
     self.prompt_token_ids, self.token_ids, self.num_prompt_tokens = prompt_ids, list(prompt_ids), len(prompt_ids)
-    # block_table: its KV blocks, in order; block_hashes: the chained hashes of its full, computed blocks (prefix caching); drafts: tokens
-    # proposed after its last one, verified in the step that computes them
-    self.num_computed_tokens, self.block_table, self.block_hashes, self.drafts = 0, [], [], []
+    # block_table: its KV blocks, in order; block_hashes: the chained hashes of its full, computed blocks (prefix caching)
+    self.num_computed_tokens, self.block_table, self.block_hashes = 0, [], []
     # held_text: detokenized text not yet emitted (it may start a stop string); detok: its detokenizer; matcher: llguidance's state of
     # its grammar (structured outputs); cumulative_logprob: the sum of its logprobs
     self.held_text, self.detok, self.matcher, self.cumulative_logprob = "", None, None, 0.0

@@ -150,8 +150,6 @@ class OpenAIServer:
                         "vllm:kv_cache_usage_perc": 1 - bm.num_free / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
                         "vllm:prefix_cache_hits_total": bm.hits, "vllm:num_preemptions_total": sch.num_preemptions,
                         "vllm:prompt_tokens_total": sch.num_prompt_tokens, "vllm:generation_tokens_total": sch.num_generation_tokens,
-                        "vllm:spec_decode_num_drafts_total": sch.num_drafts, "vllm:spec_decode_num_draft_tokens_total": sch.num_draft_tokens,
-                        "vllm:spec_decode_num_accepted_tokens_total": sch.num_accepted_tokens,
                         "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": bm.num_free}.items():   # raw counts: leak checks
       # a counter's family is named without the _total its sample carries, as prometheus_client's own counters are
       family = Metric(name.removesuffix("_total"), name.split(":")[1], "counter" if name.endswith("_total") else "gauge")
