@@ -52,3 +52,48 @@ def test_matmul_with_k_that_does_not_fill_whole_words(K):
   x, w = rng.standard_normal((2, K)).astype(np.float16), rng.standard_normal((8, K)).astype(np.float16)
   got, want = gemm.matmul(Tensor(x), Tensor(w)).numpy(), reference(x, w)
   assert np.abs(got - want).max() / np.abs(want).max() < 2e-3
+
+def expert_reference(x:np.ndarray, w:np.ndarray, ids:np.ndarray) -> np.ndarray:
+  """Row a: x's row of its token (a // rows per token) times the rows of expert ids[a]."""
+  per_token = len(ids) // len(x)
+  return np.stack([w[e].astype(np.float64) @ x[a // per_token].astype(np.float64) for a, e in enumerate(ids)])
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16])
+@pytest.mark.parametrize("tokens, k", [(1, 8), (3, 2), (5, 3)])
+def test_expert_gemv_matches_numpy(tokens, k, dt):
+  """The MoE decode GEMV: each row reads only its expert's rows of the stacked (E, N, K) weights, and its token's row of x."""
+  rng, E = np.random.default_rng(tokens), 8
+  x, w = rng.standard_normal((tokens, 192)).astype(NP[dt]), rng.standard_normal((E, 40, 192)).astype(NP[dt])
+  ids = np.concatenate([rng.choice(E, k, replace=False) for _ in range(tokens)]).astype(np.int32)
+  want = expert_reference(x, w, ids)
+  for rows, vec in ((1, 1), (2, 4), (4, 2)):
+    got = gemm.gemv(Tensor(x), Tensor(w), 1, rows, vec, Tensor(ids)).numpy()
+    assert got.shape == (tokens * k, 40) and np.abs(got - want).max() / np.abs(want).max() < (1e-6 if dt == dtypes.float32 else 2e-3), (rows, vec)
+  # an id outside the stack reads the nearest expert, never memory outside W
+  got = gemm.gemv(Tensor(x[:1]), Tensor(w), 1, 1, 1, Tensor(np.array([-5, E + 3], np.int32))).numpy()
+  assert np.abs(got - (want := expert_reference(x[:1], w, np.array([0, E - 1])))).max() / np.abs(want).max() < 2e-3
+
+@pytest.mark.parametrize("K", [7, 192])
+def test_matmul_experts_by_row_and_by_tile(K):
+  """gemm.matmul's MoE forms against numpy: an expert per row (the GEMV, or tinygrad's matmul where K does not fill whole words), and an
+  expert per tile of rows (larger steps: tinygrad's matmul over the tile's expert)."""
+  rng = np.random.default_rng(K)
+  x, w = rng.standard_normal((4, K)).astype(np.float16), rng.standard_normal((8, 24, K)).astype(np.float16)
+  ids = rng.integers(0, 8, 12).astype(np.int32)
+  got = gemm.matmul(Tensor(x), Tensor(w), experts=Tensor(ids)).numpy()
+  assert np.abs(got - (want := expert_reference(x, w, ids))).max() / np.abs(want).max() < 2e-3
+  tiles = rng.integers(0, 8, (2, 1)).astype(np.int32).repeat(2, 1)   # 2 tiles of 2 rows, each owned by one expert
+  got = gemm.matmul(Tensor(x), Tensor(w), experts=Tensor(tiles)).numpy()
+  assert np.abs(got - (want := expert_reference(x, w, tiles.flatten()))).max() / np.abs(want).max() < 2e-3
+
+@pytest.mark.parametrize("backend", list(RENDERERS))
+def test_expert_gemv_renders_as_a_grid_with_16_byte_loads(backend):
+  """The GPU form of the MoE GEMV: a block per (row, block of W's rows), so that one W row block is read by every row at once, with
+  16-byte loads of the 16-bit weights, for each GPU backend without a GPU."""
+  cls, target, marker = RENDERERS[backend]
+  ren = make_renderer(cls, target)
+  args = [((8, 256), dtypes.bfloat16), ((1, 1024), dtypes.bfloat16), ((16 * 256, 1024), dtypes.bfloat16), ((8,), dtypes.int32)]
+  ast = functools.partial(gemm._gemv_kernel, lanes=32, rows=2, vec=4)(*[UOp.placeholder(s, d, i) for i, (s, d) in enumerate(args)])
+  prg = do_linearize(ren, UOp(Ops.PROGRAM, src=(sink := full_rewrite_to_sink(ast, ren, optimize=False),)), sink)
+  src = do_render(ren, prg, prg.src[1]).src[2].arg
+  assert marker in src and "gemv_moe_8_256_512" in src and any(f"{t}4 val" in src for t in ("uint", "unsigned_int")), src

@@ -1,13 +1,13 @@
 """Mixture-of-experts decoders (Qwen3-MoE, Mixtral) against Hugging Face transformers on random tiny checkpoints in the hub layout (CPU,
 fp32): logits, greedy tokens alone and in one batch (routing must not depend on the batch), and through the server."""
 import asyncio, shutil, threading, time, pytest, numpy as np, openai, torch, transformers, uvicorn
-from tinygrad import dtypes
+from tinygrad import Tensor, dtypes
 from tinyvllm import LLM, SamplingParams, Config
 from tinyvllm.config import BUNDLED_MODEL
 from tinyvllm.llm_engine import AsyncLLM
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.serve import build_app
-from test_model import our_logits, hf_logits, save_random
+from test_model import causal, hf_logits, save_random
 from test_server import free_socket
 
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -41,13 +41,17 @@ def test_logits_match_transformers(name, tmp_path):
   path = checkpoint(name, tmp_path)
   c = read_config(path)
   assert c["moe_layers"] == {"qwen3-moe-sparse-step": [1], "qwen3-moe-mlp-only-norm": [0, 2], "mixtral": [0, 1, 2]}[name]
-  # 3 tokens: a row per (token, expert), the gather; 40: assignments sorted into tiles of 8 rows per expert
-  for n in (3, 40):
+  m = Transformer(c, load_weights(path, c, dtypes.float32), 256)
+  # steps of under 32 rows per expert (N * k < 32 * 8 assignments) take gemm's GEMV with an expert per row: 1-3 tokens, and the last step
+  # size before the path changes; from there, assignments sorted into tiles of 32 rows per expert
+  last = -(-32 * 8 // c["num_experts_per_tok"]) - 1
+  for n in (1, 2, 3, last, last + 1):
     ids = np.random.default_rng(n).integers(0, 512, n).tolist()
-    np.testing.assert_allclose(our_logits(path, ids), hf_logits(path, ids), atol=1e-4)
+    ours = (m(Tensor(ids), Tensor.arange(n), causal) @ m.lm_head.T).numpy()
+    np.testing.assert_allclose(ours, hf_logits(path, ids), atol=1e-4, err_msg=f"{n} tokens")
 
 def test_greedy_alone_and_batched_match_transformers(qwen3_moe):
-  # step buckets of 1-8 tokens: 1-4 gather each token's experts, 8 sorts them into tiles of 2 rows; prompts past 8 tokens are chunked
+  # step buckets of 1-8 tokens, each a row per (token, expert) through the GEMV; prompts past 8 tokens are chunked
   llm = LLM(qwen3_moe, "CPU", max_num_seqs=4, max_num_batched_tokens=8)
   ref = hf_greedy(qwen3_moe, PROMPTS, 8)
   assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == ref
@@ -66,7 +70,7 @@ def test_server_matches_transformers(qwen3_moe):
     messages = [{"role": "user", "content": "Once upon a time, there was a little girl named Lily."}]
     resp = client.chat.completions.create(model="qwen3-moe", messages=messages, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
     tok = llm.engine.tokenizer
-    assert resp.choices[0].message.content == tok.decode(hf_greedy(qwen3_moe, [tok.encode_chat(messages)], 8)[0])
+    assert resp.choices[0].message.content == tok.hf.decode(hf_greedy(qwen3_moe, [tok.encode_chat(messages)], 8)[0])
   finally: server.should_exit = True; th.join(15); sock.close()
 
 def test_dummy_weights_build_an_moe_model(tmp_path):

@@ -80,39 +80,53 @@ def plan(M:int, N:int, K:int) -> tuple[int, int, int, int]:
   while S < 8 and -(-M//BM) * (N//BN) * S * 2 <= 132 and K % (S * 128) == 0 and K // (S * 2) >= 64 * (ST - 2): S *= 2
   return BM, BN, ST, S
 
-def _gemv_kernel(Y:UOp, X:UOp, W:UOp, lanes:int, rows:int, vec:int) -> UOp:
+def _gemv_kernel(Y:UOp, X:UOp, W:UOp, *experts:UOp, lanes:int, rows:int, vec:int) -> UOp:
   # a decode step's few rows m: reading W is the whole cost. A warp's lanes split K, each loading `vec` adjacent 32-bit words (16 bytes
   # where K allows) of `rows` rows of W, so each load of x serves `rows` rows and each load of W every m; the lanes meet in shared memory.
-  # 16-bit inputs are read as words of two elements: tinygrad widens uint loads, not 16-bit ones, and a bitcast Tensor would be a copy
+  # 16-bit inputs are read as words of two elements: tinygrad widens uint loads, not 16-bit ones, and a bitcast Tensor would be a copy.
+  # MoE decode (experts given): row m reads the N rows of its expert experts[m] in W, the E experts stacked (E*N, K), and the row of x of
+  # its token, m // (M / rows of x). Its rows share no W then, so they are a grid axis, not unrolled (the CPU loops over them)
   (M, N), K, dtype, f32 = Y.shape, X.shape[1], X.dtype, dtypes.float
   if dtype.itemsize == 2: X, W = (UOp.placeholder((P.shape[0], P.shape[1] // 2), dtypes.uint32, slot) for P, slot in ((X, 1), (W, 2)))
   # the CPU runs one lane in a plain loop: tinygrad's CPU runtime launches each index of a GLOBAL axis from Python
   block, lane = (UOp.range(n, i, t if lanes > 1 else AxisType.LOOP) for n, i, t in ((N // rows, 0, AxisType.GLOBAL), (lanes, 1, AxisType.LOCAL)))
   step, v = UOp.range(W.shape[1] // (lanes*vec), 2, AxisType.REDUCE), UOp.range(vec, 3, AxisType.UNROLL)
-  r, m = UOp.range(rows, 4, AxisType.UPCAST), UOp.range(M, 5, AxisType.UPCAST); n, k = block * rows + r, (step * lanes + lane) * vec + v
+  r, m = UOp.range(rows, 4, AxisType.UPCAST), UOp.range(M, 5, (AxisType.GLOBAL if lanes > 1 else AxisType.LOOP) if experts else AxisType.UPCAST)
+  n, k = block * rows + r, (step * lanes + lane) * vec + v
+  # the expert id is clamped into the stack, so that no id can read outside W
+  wn, xm = (experts[0][m].maximum(0).minimum(W.shape[0] // N - 1).cast(dtypes.weakint) * N + n, m // (M // X.shape[0])) if experts else (n, m)
   half = lambda word, h: (word >> 16*h).cast(dtypes.uint16).bitcast(dtype).cast(f32)
-  dot = sum(half(W[n, k], h) * half(X[m, k], h) for h in (0, 1)) if W.dtype != dtype else W[n, k].cast(f32) * X[m, k].cast(f32)
+  dot = sum(half(W[wn, k], h) * half(X[xm, k], h) for h in (0, 1)) if W.dtype != dtype else W[wn, k].cast(f32) * X[xm, k].cast(f32)
   acc = dot.reduce(step, v, arg=Ops.ADD)
-  if lanes > 1:
-    shared, j = UOp.placeholder((rows, M, lanes), f32, 20, addrspace=AddrSpace.LOCAL), UOp.range(lanes, 6, AxisType.REDUCE)
-    acc = shared.after(shared[r, m, lane].store(acc))[r, m, j].reduce(j, arg=Ops.ADD)
+  if lanes > 1:   # a grid axis m has a block of its own: shared memory for one row
+    shared, j = UOp.placeholder((rows, 1 if experts else M, lanes), f32, 20, addrspace=AddrSpace.LOCAL), UOp.range(lanes, 6, AxisType.REDUCE)
+    acc = shared.after(shared[r, m % shared.shape[1], lane].store(acc))[r, m % shared.shape[1], j].reduce(j, arg=Ops.ADD)
   # tag=1: our axes are final, tinygrad's optimizer leaves them (as attention.py's)
-  return Y[m, n].store(acc.cast(Y.dtype)).end(m, r).end(lane, block).sink(arg=KernelInfo(name=f"gemv_{M}_{N}_{W.shape[1]}", opts_to_apply=(),
-                                                                           estimates=Estimates(ops=2*M*N*K, mem=N*K*dtype.itemsize)), tag=1)
+  return Y[m, n].store(acc.cast(Y.dtype)).end(m, r).end(lane, block).sink(arg=KernelInfo(name=f"gemv{'_moe' * bool(experts)}_{M}_{N}_{W.shape[1]}",
+    opts_to_apply=(), estimates=Estimates(ops=2*M*N*K, mem=N*K*dtype.itemsize*(M if experts else 1))), tag=1)
 
-def gemv(x:Tensor, w:Tensor, lanes:int, rows:int, vec:int) -> Tensor:
-  fxn = functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec)
-  return Tensor.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device).custom_kernel(x, w, fxn=fxn)[0]
+def gemv(x:Tensor, w:Tensor, lanes:int, rows:int, vec:int, experts:Tensor|None=None) -> Tensor:
+  """x (M, K) @ w (N, K).T; with experts (A,) int32, w (E, N, K): row a is x's row a // (A / M) times expert experts[a]'s w."""
+  fxn, rows_out = functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec), x.shape[0] if experts is None else experts.shape[0]
+  extra = () if experts is None else (experts,)
+  return Tensor.empty(rows_out, w.shape[-2], dtype=x.dtype, device=x.device).custom_kernel(x, w.reshape(-1, w.shape[-1]), *extra, fxn=fxn)[0]
 
-def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None) -> Tensor:
+def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:Tensor|None=None) -> Tensor:
   """x (M, K) @ w (N, K).T: decode-sized M through our GEMV on every device; larger M on a Hopper GPU under CUDA through our wgmma kernel
-  (SM90A_GEMM=0 turns it off, to measure the portable path), elsewhere tinygrad's own matmul."""
-  (M, K), N, dev, lanes = x.shape, w.shape[0], Device[x.device], 32 if Device[x.device].renderer.has_local else 1
+  (SM90A_GEMM=0 turns it off, to measure the portable path), elsewhere tinygrad's own matmul.
+  MoE, w (E, N, K) a layer's stacked experts: experts (A,) the expert of each output row (see gemv), through the GEMV where K fills its
+  words; or (tiles, T) the expert of each tile of T rows of x (larger steps), through tinygrad's matmul with the gather of w folded
+  into its loads, so a tile reads its expert once."""
+  (M, K), N, dev, lanes = x.shape, w.shape[-2], Device[x.device], 32 if Device[x.device].renderer.has_local else 1
   wgmma = isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and dev.renderer.target.arch == "sm_90" and os.getenv("SM90A_GEMM") != "0" \
     and x.dtype == w.dtype == dtypes.bfloat16 and K % 64 == 0 and K >= 512 and N % 128 == 0
   # the GEMV below 4 rows beside wgmma, whose 64-row tiles read W faster from there on (scripts/bench_gemv.py on an H100)
   vec = next((v for v in (4, 2, 1) if K * x.dtype.itemsize % (4 * lanes * v) == 0), 0)   # words per load, as K's bytes allow
-  if M < (4 if wgmma else 16) and x.dtype == w.dtype and vec: return gemv(x, w, lanes, 2 if M >= 4 and N % 2 == 0 else 1, vec)
+  if experts is not None and (experts.ndim > 1 or not vec or x.dtype != w.dtype):
+    return (x.reshape(M, 1, 1, K).expand(M, experts.numel() // M, 1, K).reshape(*experts.shape, 1, K) @ w[experts].transpose(-1, -2)).reshape(-1, N)
+  # 2 rows of W per lane from 4 rows of x, and for the experts' rows (the down projection's short K read 1.4x faster so at batch 1)
+  rows = 2 if (M >= 4 or experts is not None) and N % 2 == 0 else 1
+  if experts is not None or M < (4 if wgmma else 16) and x.dtype == w.dtype and vec: return gemv(x, w, lanes, rows, vec, experts)
   if not wgmma: return x @ w.T
   BM, BN, ST, S = cfg or plan(M, N, K)
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result)

@@ -1,4 +1,4 @@
-import functools, itertools, json, math, os, re
+import itertools, json, math, os
 from tinygrad import Tensor, dtypes
 from tinygrad.nn.state import safe_load
 from tinygrad.helpers import tqdm
@@ -39,18 +39,31 @@ def weight_shapes(hf_config:dict) -> dict[str, tuple[int, ...]]:
     if hf_config["qk_norm"]: s |= {p+"self_attn.q_norm.weight": (hd,), p+"self_attn.k_norm.weight": (hd,)}
   return s
 
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
 def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str, Tensor]:
-  shapes = weight_shapes(hf_config)
-  # a layer's experts share one draw (copied apart when stacked): 18k draws of tinygrad's Python rand (Qwen3-30B-A3B) would take minutes
-  draw = functools.cache(lambda name, s: Tensor.uniform(*s, low=-0.05, high=0.05, dtype=dtype).realize())
-  if dummy: return {k: draw(re.sub(r"experts\.\d+\.", "experts.", k), s) for k, s in tqdm(shapes.items(), desc="dummy weights")}
+  """The decoder's weights on the device in `dtype`, fused as the model reads them. vLLM's QKVParallelLinear / MergedColumnParallelLinear:
+  projections of the same input are one matrix (fewer launches, and a single reduce is what tinygrad's tensor-core path matches: gate and
+  up fused by the scheduler into one two-reduce kernel never used them). A layer's experts are stacked into one (E*rows, cols) matrix per
+  projection, which the expert matmuls index by expert. Dummy weights are drawn at the fused shapes: drawing and stacking Qwen3-30B-A3B's
+  18k expert tensors one by one took minutes."""
+  shapes, (moe, gate, up, down), E = weight_shapes(hf_config), hf_config["moe_names"], range(hf_config["num_experts"])
+  experts = {"experts.gate_up": [f"{moe}.experts.{e}.{n}" for e in E for n in (gate, up)], "experts.down": [f"{moe}.experts.{e}.{down}" for e in E]}
+  # only where the layer has the parts: dense layers have no experts, and most models no biases
+  layers = itertools.product(range(hf_config["num_hidden_layers"]), (FUSED | (experts if E else {})).items(), ("weight", "bias"))
+  parts = {f"model.layers.{i}.{name}.{kind}": [f"model.layers.{i}.{n}.{kind}" for n in names] for i, (name, names), kind in layers
+           if f"model.layers.{i}.{names[0]}.{kind}" in shapes}
+  parts |= {k: [k] for k in shapes.keys() - set(itertools.chain(*parts.values()))}
+  draw = lambda names: Tensor.uniform(sum(shapes[n][0] for n in names), *shapes[names[0]][1:], low=-0.05, high=0.05, dtype=dtype).realize()
+  if dummy: return {k: draw(names) for k, names in tqdm(parts.items(), desc="dummy weights")}
   index = os.path.join(model_dir, "model.safetensors.index.json")   # a sharded checkpoint names its files there
   files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
   disk = {k: t for f in files for k, t in safe_load(os.path.join(model_dir, f)).items()}
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
   # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
   widen = lambda t: t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32) if t.dtype == dtypes.bfloat16 else t
-  return {k: widen(disk[k]).to(None).cast(dtype).realize() for k in tqdm(shapes, desc="loading weights")}
+  load = lambda names: Tensor.cat(*[widen(disk[n]).to(None).cast(dtype) for n in names]).realize()
+  return {k: load(names) for k, names in tqdm(parts.items(), desc="loading weights")}
 
 def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
   hd, r = hf_config["head_dim"], hf_config["rope"]; inv = [hf_config["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
@@ -62,22 +75,11 @@ def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
   ang = Tensor.arange(max_len).float().reshape(-1, 1) * Tensor(inv).reshape(1, -1)
   return ang.cos().contiguous().realize(), ang.sin().contiguous().realize()
 
-FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
-
 class Transformer:
   """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm) and the mixture-of-experts Qwen3-MoE and Mixtral (sparse
   feed-forward layers, see experts). Attention is passed in, so the model knows nothing of paging."""
   def __init__(self, hf_config:dict, weights:dict[str, Tensor], max_len:int):
     self.hf_config, self.w, (self.cos, self.sin) = hf_config, weights, rope_tables(hf_config, max_len)
-    # vLLM's QKVParallelLinear / MergedColumnParallelLinear: projections of the same input become one matmul. Fewer launches, and a single
-    # reduce is what tinygrad's tensor-core path matches (gate and up fused by the scheduler into one two-reduce kernel never used them)
-    # and a layer's experts are stacked into one (E*rows, cols) matrix per projection, which the expert matmuls index by expert
-    (moe, gate, up, down), E = hf_config["moe_names"], range(hf_config["num_experts"])
-    stacked = {"experts.gate_up": [f"{moe}.experts.{e}.{n}" for e in E for n in (gate, up)], "experts.down": [f"{moe}.experts.{e}.{down}" for e in E]}
-    for i, (fused, parts), kind in itertools.product(range(hf_config["num_hidden_layers"]), (FUSED | stacked).items(), ("weight", "bias")):
-      # only where the layer has the parts: dense layers have no experts, and most models no biases
-      if (names := [f"model.layers.{i}.{n}.{kind}" for n in parts]) and names[0] in weights:
-        weights[f"model.layers.{i}.{fused}.{kind}"] = Tensor.cat(*map(weights.pop, names)).realize()
     self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])   # tied embeddings share the matrix
 
   def norm(self, x:Tensor, name:str) -> Tensor:
@@ -110,9 +112,11 @@ class Transformer:
     return self.norm(x, "model.norm.weight")
 
   def experts(self, x:Tensor, p:str) -> Tensor:
-    """The sparse MoE block, exact (every token keeps its k experts; no capacity drops). Small steps gather each token's experts; larger
-    ones are vLLM's fused_moe: the N*k (token, expert) assignments sorted by expert (a counting sort) into tiles of T rows, each tile padded
-    and owned by one expert, so a chosen expert's weights are read once per tile of its tokens, not once per token (256 times at batch 256)."""
+    """The sparse MoE block, exact (every token keeps its k experts; no capacity drops). Decode-sized steps (under 32 rows per expert on
+    average) run a row per (token, expert) assignment through gemm's GEMV, each row reading only its expert's rows of the stacked weights;
+    a step's rows of one expert meet in L2, as a block of W's rows is read by all of them at once. Larger steps are vLLM's fused_moe: the
+    N*k assignments sorted by expert (a counting sort) into tiles of T rows, each tile padded and owned by one expert, so a chosen expert's
+    weights are read once per tile of its tokens, not once per token. Which is faster where: BENCHMARKS.md."""
     c, (N, D), arange = self.hf_config, x.shape, Tensor.arange
     E, k, A, i = c["num_experts"], c["num_experts_per_tok"], N * c["num_experts_per_tok"], arange(c["num_experts"])
     # router: softmax over all E logits in float32, then the top k (rank = how many experts beat one; ties go to the lower id, as torch.topk's)
@@ -120,16 +124,16 @@ class Transformer:
     rank = ((probs.unsqueeze(-2) > probs.unsqueeze(-1)) | ((probs.unsqueeze(-2) == probs.unsqueeze(-1)) & (i < i.unsqueeze(-1)))).sum(-1)
     weights = probs.gather(-1, sel := (rank.unsqueeze(1) == arange(k).unsqueeze(-1)).where(i, 0).sum(-1))   # (N, k)
     if c["norm_topk_prob"]: weights = weights / weights.sum(-1, keepdim=True)
-    # T: the tokens an expert gets on average, from 1 (a row per assignment: the gather) up to 64 (prefill)
-    if (T := min(64, 1 << (max(A // E, 1).bit_length() - 1))) == 1: dest, token, owner = arange(A), arange(A) // k, sel.reshape(A, 1)
+    stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)   # (E, rows, cols)
+    # inputs: x's row of each output row; owner: the expert of each row (decode), or of each tile of T rows
+    if A < 32 * E: inputs, owner, dest = x, sel.flatten(), None
     else:
+      T = min(64, 1 << ((A // E).bit_length() - 1))   # the tokens an expert gets on average, 32 or 64
       onehot, tiles = sel.flatten().unsqueeze(1) == i, A // T + min(E, A)   # (A, E); tiles: each expert's whole ones and at most one partial
       ends = (padded := (onehot.sum(0) + T - 1) // T * T).cumsum()   # each expert's rows end where its padded tiles do
       dest = (onehot * (onehot.cumsum(0) + ends - padded)).sum(1) - 1   # (A,) the row of each assignment
-      token = ((dest == arange(tiles * T).unsqueeze(1)) * (arange(A) // k)).sum(1)   # (tiles*T,) the token at each row (padding: token 0)
-      # each tile's expert, expanded over its rows: tinygrad folds this gather into the matmul's loads, shared by the tile's rows
+      inputs = x[((dest == arange(tiles * T).unsqueeze(1)) * (arange(A) // k)).sum(1)]   # (tiles*T, D): each row's token (padding: token 0)
       owner = (ends <= arange(tiles).unsqueeze(1) * T).sum(1).minimum(E - 1).reshape(tiles, 1).expand(tiles, T)
-    stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)[owner].transpose(-1, -2)
-    gate, up = (x[token].reshape(-1, T, 1, D) @ stacked("experts.gate_up.weight", -1, D)).chunk(2, -1)
-    y = ((gate.silu() * up).contiguous() @ stacked("experts.down.weight", D, -1)).reshape(-1, D)
-    return (y[dest].reshape(N, k, D) * weights.cast(y.dtype).unsqueeze(-1)).sum(1)
+    gate, up = gemm.matmul(inputs, stacked("experts.gate_up.weight", -1, D), experts=owner).chunk(2, -1)
+    y = gemm.matmul((gate.silu() * up).contiguous(), stacked("experts.down.weight", D, -1), experts=owner)   # (A or tiles*T, D)
+    return ((y if dest is None else y[dest]).reshape(N, k, D) * weights.cast(y.dtype).unsqueeze(-1)).sum(1)
