@@ -4,11 +4,14 @@
 --concurrency streaming chat clients send --num-prompts requests of random words, each with max_tokens=--output-len and ignore_eos, and
 we report TTFT p50/p99, TPOT p50/p99 (per request: (e2e - ttft) / (tokens - 1)) and overall output tok/s. --warmup-rounds rounds of
 --concurrency requests run first and are not counted (with --launch, tinyvllm is timed once every step graph is captured; other servers
-may compile lazily).
+may compile lazily). With --launch --from-ready SECONDS, requests at the first --concurrency are sent from the moment the server is
+healthy, for SECONDS, with no warm-up, and reported apart ("from ready"): what users meet while the server still captures graphs; then
+the steady-state levels run once every graph is in.
 
   python -m tinyvllm.serve --device CUDA --model DIR &  python scripts/bench_serving.py --url http://127.0.0.1:8000
   python scripts/bench_serving.py --launch --device CUDA --model DIR      # starts the server; unknown args are passed to it
   python scripts/bench_serving.py --launch --device CUDA --config llama-3.2-1b --kv-cache-memory 20   # dummy weights
+  python scripts/bench_serving.py --launch --device CUDA --config llama-3.2-1b --from-ready 60 --concurrency 1 8 --output-len 256
 Uses the official `openai` client when it is installed, else raw httpx SSE.
 """
 import argparse, asyncio, json, os, random, re, subprocess, sys, threading, time, urllib.parse
@@ -45,7 +48,8 @@ async def one_request(stream, client, model:str, prompt:str, args) -> tuple[floa
   if ttft is None: raise RuntimeError("no text in the response")
   return ttft, time.perf_counter() - t0, usage or chunks   # chunks undercount if the server merges or holds back tokens; usage is exact
 
-async def run(args, url:str, prompts:list[str]) -> tuple[list, list, float]:
+async def run(args, url:str, prompts:list[str], deadline:float|None=None) -> tuple[list, list, float]:
+  """The requests at args.concurrency: after the warm-up rounds, all the rest; with a deadline, no warm-up, and none sent after it."""
   headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
   async with httpx.AsyncClient(base_url=url, headers=headers, timeout=None, limits=httpx.Limits(max_connections=args.concurrency + 4)) as hc:
     model = (await hc.get("/v1/models")).raise_for_status().json()["data"][0]["id"]
@@ -55,21 +59,22 @@ async def run(args, url:str, prompts:list[str]) -> tuple[list, list, float]:
     async def batch(todo:list[str]) -> tuple[list, list]:
       results, errors, queue = [], [], list(reversed(todo))
       async def worker():
-        while queue:
+        while queue and (deadline is None or time.perf_counter() < deadline):
           try: results.append(await one_request(stream, client, model, queue.pop(), args))
           except Exception as e: errors.append(f"{type(e).__name__}: {e}")
       await asyncio.gather(*(worker() for _ in range(args.concurrency)))
       return results, errors
-    for i in range(args.warmup_rounds):   # two alike rounds: TinyJit compiles a step size on its first call and captures it on the second
+    for i in range(args.warmup_rounds if deadline is None else 0):   # two alike rounds: TinyJit compiles a step size on its first call and captures it on the second
       if (errors := (await batch(prompts[i * args.concurrency:(i + 1) * args.concurrency]))[1]):
         print(f"warm-up: {len(errors)} failed, first: {errors[0]}")
     t = time.perf_counter()
-    results, errors = await batch(prompts[args.warmup_rounds * args.concurrency:])
+    results, errors = await batch(prompts[args.warmup_rounds * args.concurrency:] if deadline is None else prompts)
     return results, errors, time.perf_counter() - t
 
-def launch(args, server_args:list[str], url:str) -> subprocess.Popen:
-  """Starts the server and returns once it has every step graph: it is healthy (serves) once it has those of a decode and of a small
-  prefill chunk, and captures the others while idle, which a benchmark's steady load would leave no room for."""
+def launch(args, server_args:list[str], url:str) -> tuple[subprocess.Popen, float, threading.Event]:
+  """Starts the server and returns (its process, the time it started, an event set once it has every step graph) once it has every step
+  graph, or with --from-ready once it is healthy: it serves once it has the graphs of a decode and of a small prefill chunk, and
+  captures the others while idle."""
   u = urllib.parse.urlparse(url)
   cmd = [sys.executable, "-m", "tinyvllm.serve", "--host", u.hostname, "--port", str(u.port or 80), *server_args]
   cmd += ["--api-key", args.api_key] if args.api_key else []
@@ -87,7 +92,8 @@ def launch(args, server_args:list[str], url:str) -> subprocess.Popen:
       if healthy is None and httpx.get(f"{url}/health", timeout=2).status_code == 200:
         print(f"server healthy after {(healthy := time.perf_counter() - t):.1f} s", flush=True)
     except httpx.TransportError: pass
-    if healthy is not None and captured.wait(1): print(f"all step graphs captured after {time.perf_counter() - t:.1f} s", flush=True); return proc
+    if healthy is not None and args.from_ready: return proc, t, captured
+    if healthy is not None and captured.wait(1): print(f"all step graphs captured after {time.perf_counter() - t:.1f} s", flush=True); return proc, t, captured
     if healthy is None: time.sleep(1)
   proc.terminate(); sys.exit(f"server not ready after {args.launch_timeout} s")
 
@@ -105,6 +111,8 @@ def main():
   p.add_argument("--warmup-rounds", type=int, default=2, help="uncounted rounds of --concurrency requests first")
   p.add_argument("--api-key")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--from-ready", type=float, metavar="SECONDS", help="with --launch: first, requests at the first --concurrency from the "
+                 "moment the server is healthy, for SECONDS, reported apart")
   args, server_args = p.parse_known_args()
   if server_args and not args.launch: p.error(f"unrecognized arguments: {' '.join(server_args)} (server args need --launch)")
   url, rng, levels = args.url.rstrip("/"), random.Random(args.seed), args.concurrency
@@ -112,16 +120,23 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from scripts.bench import model_folder
     server_args += ["--model", model_folder(args)[0], "--load-format", "dummy"]
-  proc = launch(args, server_args, url) if args.launch else None
+  if args.from_ready and not args.launch: p.error("--from-ready needs --launch")
+  proc, started, captured = launch(args, server_args, url) if args.launch else (None, None, None)
+  words = lambda n: [" ".join(rng.choice(WORDS) for _ in range(args.input_words)) for _ in range(n)]
   try:
+    if args.from_ready:   # as users meet it: from /health on, while the server still captures graphs in its idle moments
+      args.concurrency = levels[0]
+      print(f"from ready: concurrency {args.concurrency} for {args.from_ready:.0f} s", flush=True)
+      report(args, *asyncio.run(run(args, url, words(100_000), time.perf_counter() + args.from_ready)), "from ready")
+      if not captured.wait(args.launch_timeout): sys.exit("not every step graph was captured")
+      print(f"all step graphs captured after {time.perf_counter() - started:.1f} s", flush=True)
     for args.concurrency in levels:
       num_prompts = args.num_prompts or max(4, 4 * args.concurrency)
-      prompts = [" ".join(rng.choice(WORDS) for _ in range(args.input_words)) for _ in range(args.warmup_rounds * args.concurrency + num_prompts)]
-      report(args, *asyncio.run(run(args, url, prompts)))
+      report(args, *asyncio.run(run(args, url, words(args.warmup_rounds * args.concurrency + num_prompts))))
   finally:
     if proc: proc.terminate(); proc.wait(30)
 
-def report(args, results, errors, wall):
+def report(args, results, errors, wall, label="serving"):
   print(f"client: {'openai' if AsyncOpenAI else 'httpx'}; {len(results)} ok, {len(errors)} failed" + (f", first: {errors[0]}" if errors else ""))
   if not results: sys.exit(1)
   ttft, e2e, ntok = map(np.array, zip(*results))
@@ -131,7 +146,7 @@ def report(args, results, errors, wall):
         f"{ntok.sum()} output tokens, {ntok.sum() / wall:.1f} output tok/s, {len(results) / wall:.2f} req/s")
   print(f"TTFT ms: mean {ttft.mean() * 1e3:.1f}, p50 {pct(ttft, 50):.1f}, p99 {pct(ttft, 99):.1f}")
   print(f"TPOT ms: mean {np.mean(tpot) * 1e3:.2f}, p50 {pct(tpot, 50):.2f}, p99 {pct(tpot, 99):.2f}")
-  print(f"SUMMARY | serving | {len(results)} reqs, concurrency {args.concurrency}, out {args.output_len} | TTFT p50 {pct(ttft, 50):.1f} ms, "
+  print(f"SUMMARY | {label} | {len(results)} reqs, concurrency {args.concurrency}, out {args.output_len} | TTFT p50 {pct(ttft, 50):.1f} ms, "
         f"p99 {pct(ttft, 99):.1f} ms | TPOT p50 {pct(tpot, 50):.2f} ms, p99 {pct(tpot, 99):.2f} ms | {ntok.sum() / wall:.1f} out tok/s |", flush=True)
 
 if __name__ == "__main__": main()

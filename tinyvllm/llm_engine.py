@@ -7,6 +7,9 @@ from tinyvllm.scheduler import Scheduler
 from tinyvllm.sampler import grammar_tokenizer, compile_grammar, LLMatcher
 
 log = logging.getLogger("tinyvllm")
+# the server captures a pending graph only after this long without work, so a client's next request, sent as its last reply ends, never
+# waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new)
+IDLE_CAPTURE_S = 0.5
 
 class EngineError(RuntimeError):
   """The step that held these requests failed: they were aborted (their blocks are back) and the engine carries on without them."""
@@ -127,18 +130,25 @@ class AsyncLLM:
     # No collection first: it found ~20 objects to free here, in 0.1 s before the server could answer
     gc.freeze(); threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
+  def capture(self):
+    # the next pending graph, frozen out of the collector with the rest; one that fails is left out, and steps keep to the others
+    try: self.engine.runner.capture_next(); gc.collect(); gc.freeze()
+    except Exception: log.exception("capturing a step graph failed"); self.engine.runner.pending.pop(0)
+
   def loop(self):
+    runner, scheduler = self.engine.runner, self.engine.scheduler
     while True:
-      # no request running: the next pending graph is captured, one at a time (a request that arrives meanwhile waits for one capture
-      # at most), and frozen out of the collector with the rest; one that fails is left out, and steps keep to the others
-      while not self.work.wait(0 if self.engine.runner.pending else None):
-        try: self.engine.runner.capture_next(); gc.collect(); gc.freeze()
-        except Exception: log.exception("capturing a step graph failed"); self.engine.runner.pending.pop(0)
+      # idle: the pending graphs are captured one at a time (a request that arrives during one waits for it)
+      while not self.work.wait(IDLE_CAPTURE_S if runner.pending else None): self.capture()
       outs: list[tuple[str, RequestOutput | Exception]] = []   # (request id, its output or its error)
       while not self.inbox.empty():
         request_id, prompt, params = self.inbox.get()
         try: self.engine.add_request(prompt, params, request_id) if params else self.engine.abort(request_id)
         except Exception as e: outs.append((request_id, e))   # a request the engine refuses fails alone
+      # busy, with more sequences than the largest bucket captured holds: one capture's pause buys wider steps (the wider buckets first)
+      if runner.pending and len(scheduler.running) + len(scheduler.waiting) > runner.buckets[-1]:
+        runner.pending.sort(key=lambda unit: unit[0] <= runner.buckets[-1])
+        self.capture()
       try: outs += [(out.request_id, out) for out in self.engine.step()]
       except Exception as e:   # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
         log.exception("engine step failed"); failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)

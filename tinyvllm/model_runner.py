@@ -49,7 +49,8 @@ class ModelRunner:
     # one sequence must always fit the pool, or preemption can't help
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1); self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
-    self.kv = [[words(Tensor.zeros(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
+    # not zeroed: attention reads only slots its tokens wrote (zeroing 4 GB took 14 s on a CPU, where fresh memory is zero anyway)
+    self.kv = [[words(Tensor.empty(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
     top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
     # a row samples per sequence; a block-table row is as long as the longest sequence
@@ -139,6 +140,10 @@ class ModelRunner:
     for name, values in per_row.items(): rows[name][:len(row_seq)] = values
     sampled = [batch[i][0] for i in row_seq]; with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
     filtered = filtered or with_logprobs or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
+    # a step's sampler variant not captured yet: a richer one that is serves it (unused filters and logprob columns change nothing), so the
+    # step waits for no capture; with none, its own is captured now
+    own = (filtered, with_logprobs)
+    if batch: filtered, with_logprobs = next((v for v in (own, (True, with_logprobs), (True, True)) if ("sampler", *v, num_rows) in self.graphs), own)
     def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit over the step buffer; the sizes (ints) are baked in at capture
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load): prune
       # moves the graph's constant kernels (aranges) out to run once at capture
