@@ -62,7 +62,9 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str,
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
   # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
   widen = lambda t: t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32) if t.dtype == dtypes.bfloat16 else t
-  load = lambda names: Tensor.cat(*[widen(disk[n]).to(None).cast(dtype) for n in names]).realize()
+  piece = lambda name: widen(disk[name]).to(None).cast(dtype)
+  # a lone tensor is not concatenated: a cat of one is a copy kernel of its own
+  load = lambda names: (Tensor.cat(*map(piece, names)) if len(names) > 1 else piece(names[0])).realize()
   return {k: load(names) for k, names in tqdm(parts.items(), desc="loading weights")}
 
 def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
