@@ -111,3 +111,12 @@ def test_preemption_with_tiny_pool_keeps_outputs(tiny_llama):
   assert together[:6] == alone and tight.engine.scheduler.num_preemptions > 0
   assert together == [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
   assert tight.engine.block_manager.num_free == tight.engine.block_manager.num_blocks
+
+def test_a_kv_pool_full_of_garbage_changes_no_output():
+  """The KV pool is allocated without zeroing: attention must read only slots its tokens wrote. Every slot is filled with NaN before the
+  requests (batched, prompts chunked into 16-token steps), and the greedy outputs are still transformers'."""
+  llm = LLM(max_num_seqs=8, max_num_batched_tokens=16)
+  for pool in (pool for layer in llm.engine.runner.kv for pool in layer): pool.assign(pool.full_like(float("nan"))).realize()
+  assert np.isnan(llm.engine.runner.kv[0][0].numpy()).all()
+  outs = llm.generate([c["prompt_token_ids"] for c in REF], GREEDY, use_tqdm=False)
+  assert [out.outputs[0].token_ids for out in outs] == [case["output_token_ids"] for case in REF]
