@@ -17,8 +17,13 @@ pickles): too big to ship. The shipped file is the 1.5 MB one extended by the Ll
 BEAM 2). Rebuilt that way on 2026-11-24 for 6b453a5's attention kernels (the first command below with --without-stored, then the
 second): 2.2 MB gzipped, 1,310 binaries, 121 BEAM results.
 
+Rebuilt on 2026-11-26 for d550d11 (the GEMV with experts, the tiles' matmul): the first command below, then the 30B engine added with
+the fourth (0.42 MB: 1,835 sm_90 and 84 sm_90a binaries, 164 BEAM results). tests/test_startup.py renders today's GEMV for sm_90 and
+fails while the shipped file lacks it: a change to a kernel comes with a rebuild (one H100 call, ~7 minutes for these two).
+
   python scripts/build_cache.py --device CUDA --without-stored   # the Llama-3.2-1B engines of BENCHMARKS.md's throughput and latency commands
   python scripts/build_cache.py --device CUDA --config llama-3.1-8b --extend --without-stored   # add the 8B engines to the shipped file
+  python scripts/build_cache.py --device CUDA --config qwen3-30b-a3b --extend --without-stored --engine "--kv-cache-memory 4"   # the MoE's
   python scripts/build_cache.py --device CPU --config "" --engine "--max-num-seqs 8 --max-num-batched-tokens 64" --out /tmp/cpu.sql.xz
 
 --old and --extend read the shipped .sql.xz or a cache.db (gzipped or not); --out is always the shipped format.

@@ -1,6 +1,6 @@
 """Start-up: a second process reuses the schedules and lowered kernels that the first one stored in tinygrad's cache.db (it schedules no
 kernel anew while capturing its step graphs), and both still generate the recorded transformers greedy text."""
-import json, os, subprocess, sys
+import json, os, subprocess, sys, pytest
 
 CASE = json.load(open(os.path.join(os.path.dirname(__file__), "data", "reference.json")))["cases"][0]
 CHILD = """
@@ -47,6 +47,31 @@ def test_the_shipped_cache_only_adds_rows_that_cache_db_lacks(tmp_path):
   db.executescript(script)
   assert db.execute(f"SELECT val FROM '{table}' WHERE key = ?", (key,)).fetchone()[0] == b"\x00"
   assert {name: db.execute(f"SELECT count(*) FROM '{name}'").fetchone()[0] for name in tables} == tables
+
+# decode GEMVs of the benchmark engines the shipped cache is built from (scripts/build_cache.py): (rows M, rows of x, N, K, experts stacked
+# or 0, rows of W per lane): Llama-3.2-1B's at batch 1 and 2, then Qwen3-30B-A3B's experts (gate_up reads x's row of each token, down its own)
+SHIPPED_GEMVS = [(1, 1, 3072, 2048, 0, 1), (1, 1, 2048, 2048, 0, 1), (1, 1, 16384, 2048, 0, 1), (1, 1, 2048, 8192, 0, 1),
+                 (2, 2, 128256, 2048, 0, 1), (8, 1, 1536, 2048, 128, 2), (8, 8, 2048, 768, 128, 2), (2048, 256, 1536, 2048, 128, 2)]
+
+@pytest.mark.parametrize("M, X, N, K, E, rows", SHIPPED_GEMVS)
+def test_the_shipped_cache_holds_todays_gemv(M, X, N, K, E, rows):
+  """The shipped cache is only worth shipping while it holds the kernels the engine compiles: the GEMV rendered for CUDA sm_90 here (no
+  GPU needed) must be a key of its compiled binaries, byte for byte. A change to the kernel fails this until the cache is rebuilt
+  (scripts/build_cache.py on an H100), so the cache cannot fall behind the kernels again."""
+  import functools, lzma
+  from tinygrad import UOp, dtypes
+  from tinygrad.uop.ops import Ops
+  from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render
+  from tinyvllm import gemm
+  from tinyvllm.model_runner import SHIPPED_CACHE
+  from test_attention import RENDERERS, make_renderer
+  cls, target, _ = RENDERERS["CUDA"]
+  ren, bf16 = make_renderer(cls, target), dtypes.bfloat16
+  shapes = [((M, N), bf16), ((X, K), bf16), ((N * max(E, 1), K), bf16)] + ([((M,), dtypes.int32)] if E else [])
+  ast = functools.partial(gemm._gemv_kernel, lanes=32, rows=rows, vec=4)(*[UOp.placeholder(s, d, i) for i, (s, d) in enumerate(shapes)])
+  prg = do_linearize(ren, UOp(Ops.PROGRAM, src=(sink := full_rewrite_to_sink(ast, ren, optimize=False),)), sink)
+  src = do_render(ren, prg, prg.src[1]).src[2].arg
+  assert "gemv" in src and src.replace("'", "''") in lzma.open(SHIPPED_CACHE, "rt").read(), "rebuild it: python scripts/build_cache.py"
 
 def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_tokens():
   """The server says ready (/health 200) once a decode and a 64-token prompt chunk can run; the other graphs are captured while no
