@@ -42,7 +42,7 @@ if __name__ == "__main__":
   runner_fn = "prepare" if hasattr(model_runner.ModelRunner, "prepare") else "run"
   for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, runner_fn), (scheduler.Scheduler, "check_stop"),
                     (block_manager.BlockManager, "commit"), (_TinyJit, "__call__"),
-                    *[(scheduler.Scheduler, name) for name in ("receive", "advance", "postprocess") if hasattr(scheduler.Scheduler, name)]]:
+                    *[(scheduler.Scheduler, name) for name in ("receive", "advance", "check_stop") if hasattr(scheduler.Scheduler, name)]]:
     setattr(cls, name, timed(getattr(cls, name), f"{cls.__name__}.{name}", acc))
   if hasattr(tokenizer.Tokenizer, "detokenizer"):   # each sequence's detokenizer (tokenizers' DecodeStream), timed per token
     detokenizer = tokenizer.Tokenizer.detokenizer

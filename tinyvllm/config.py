@@ -1,6 +1,7 @@
-import dataclasses, os
+import dataclasses, logging, os
 
 BUNDLED_MODEL = os.path.join(os.path.dirname(__file__), "stories260K")
+log = logging.getLogger("tinyvllm")   # the engine's log (serve.py has its own)
 
 @dataclasses.dataclass
 class Config:

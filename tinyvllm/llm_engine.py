@@ -1,12 +1,11 @@
-import asyncio, dataclasses, gc, logging, os, queue, random, threading, time, uuid, tinygrad.helpers
-from tinyvllm.config import Config, model_path, select_device
+import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
+from tinyvllm.config import Config, log, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
 from tinyvllm.tokenizer import Tokenizer
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
 from tinyvllm.sampler import grammar_tokenizer, compile_grammar, LLMatcher
 
-log = logging.getLogger("tinyvllm")
 # the server captures a pending graph only after this long without work, so a client's next request, sent as its last reply ends, never
 # waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new)
 IDLE_CAPTURE_S = 0.5
@@ -69,7 +68,8 @@ class LLMEngine:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
       kept = self.scheduler.receive(seqs, sampled.numpy()[:len(seqs)] if seqs else [])   # a row per token: it, then its logprobs where asked
       self.in_flight = (sampling, launch())
-      outputs = self.scheduler.postprocess(kept); self.scheduler.advance(batch)
+      # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished)
+      outputs = [(seq, self.scheduler.check_stop(seq, row, length)) for seq, row, length in kept]; self.scheduler.advance(batch)
     except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)
       for request_id in failed: self.abort(request_id)

@@ -1,4 +1,4 @@
-import itertools, json, math, os
+import functools, json, math, os, re
 from tinygrad import Tensor, dtypes
 from tinygrad.nn.state import safe_load
 from tinygrad.helpers import tqdm
@@ -39,21 +39,18 @@ def weight_shapes(hf_config:dict) -> dict[str, tuple[int, ...]]:
     if hf_config["qk_norm"]: s |= {p+"self_attn.q_norm.weight": (hd,), p+"self_attn.k_norm.weight": (hd,)}
   return s
 
-FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
-
 def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str, Tensor]:
   """The decoder's weights on the device in `dtype`, fused as the model reads them. vLLM's QKVParallelLinear / MergedColumnParallelLinear:
   projections of the same input are one matrix (fewer launches, and a single reduce is what tinygrad's tensor-core path matches: gate and
   up fused by the scheduler into one two-reduce kernel never used them). A layer's experts are stacked into one (E*rows, cols) matrix per
   projection, which the expert matmuls index by expert. Dummy weights are drawn at the fused shapes: drawing and stacking Qwen3-30B-A3B's
   18k expert tensors one by one took minutes."""
-  shapes, (moe, gate, up, down), E = weight_shapes(hf_config), hf_config["moe_names"], range(hf_config["num_experts"])
-  experts = {"experts.gate_up": [f"{moe}.experts.{e}.{n}" for e in E for n in (gate, up)], "experts.down": [f"{moe}.experts.{e}.{down}" for e in E]}
-  # only where the layer has the parts: dense layers have no experts, and most models no biases
-  layers = itertools.product(range(hf_config["num_hidden_layers"]), (FUSED | (experts if E else {})).items(), ("weight", "bias"))
-  parts = {f"model.layers.{i}.{name}.{kind}": [f"model.layers.{i}.{n}.{kind}" for n in names] for i, (name, names), kind in layers
-           if f"model.layers.{i}.{names[0]}.{kind}" in shapes}
-  parts |= {k: [k] for k in shapes.keys() - set(itertools.chain(*parts.values()))}
+  shapes, (moe, gate, up, down) = weight_shapes(hf_config), hf_config["moe_names"]
+  # each of our tensors: the checkpoint's stacked into it, in weight_shapes' order (q k v; gate up; every expert's gate and up, or down)
+  fuse = {r"self_attn\.[qkv]_proj\.": "self_attn.qkv_proj.", r"mlp\.(gate|up)_proj\.": "mlp.gate_up_proj.",
+          rf"{moe}\.experts\.\d+\.({gate}|{up})\.": "experts.gate_up.", rf"{moe}\.experts\.\d+\.{down}\.": "experts.down."}
+  parts: dict[str, list[str]] = {}
+  for k in shapes: parts.setdefault(functools.reduce(lambda name, rule: re.sub(*rule, name), fuse.items(), k), []).append(k)
   draw = lambda names: Tensor.uniform(sum(shapes[n][0] for n in names), *shapes[names[0]][1:], low=-0.05, high=0.05, dtype=dtype).realize()
   if dummy: return {k: draw(names) for k, names in tqdm(parts.items(), desc="dummy weights")}
   index = os.path.join(model_dir, "model.safetensors.index.json")   # a sharded checkpoint names its files there
@@ -90,15 +87,12 @@ class Transformer:
   def linear(self, x:Tensor, name:str) -> Tensor:
     y = gemm.matmul(x, self.w[name+".weight"]); return y if (b := self.w.get(name+".bias")) is None else y + b
 
-  def logits(self, h:Tensor) -> Tensor:
-    """h (R, D) final hidden -> (R, vocab) float logits."""
-    return gemm.matmul(h, self.lm_head).float()
-
   def rope(self, x:Tensor, cos:Tensor, sin:Tensor) -> Tensor:   # Hugging Face's rotate_half layout
     x1, x2 = x.chunk(2, -1); return (x1*cos - x2*sin).cat(x2*cos + x1*sin, dim=-1).cast(x.dtype)
 
-  def __call__(self, tokens:Tensor, positions:Tensor, attention) -> Tensor:
-    """tokens, positions: (N,) flattened over the step's sequences; attention(layer, q, k, v) -> (N, H, hd). Returns final hidden (N, D)."""
+  def __call__(self, tokens:Tensor, positions:Tensor, attention, rows:Tensor) -> Tensor:
+    """tokens, positions: (N,) flattened over the step's sequences; attention(layer, q, k, v) -> (N, H, hd). Returns the float logits
+    (R, vocab) of the R tokens at `rows` (only the rows that sample need the LM head)."""
     hf_config, N = self.hf_config, tokens.shape[0]; hd, H, KV = (hf_config[k] for k in ("head_dim", "num_attention_heads", "num_key_value_heads"))
     cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1); x = self.w["model.embed_tokens.weight"][tokens]
     for i in range(hf_config["num_hidden_layers"]):
@@ -111,7 +105,7 @@ class Transformer:
       gate, up = self.linear(h, p+"mlp.gate_up_proj").chunk(2, -1)
       # contiguous: fused into the down matmul's loads, silu(gate)*up was recomputed for every output tile (measured 2x slower on an H200)
       x = x + self.linear((gate.silu() * up).contiguous(), p+"mlp.down_proj")
-    return self.norm(x, "model.norm.weight")
+    return gemm.matmul(self.norm(x, "model.norm.weight")[rows], self.lm_head).float()
 
   def experts(self, x:Tensor, p:str) -> Tensor:
     """The sparse MoE block, exact (every token keeps its k experts; no capacity drops). Decode-sized steps (under 32 rows per expert on

@@ -1,13 +1,12 @@
-import functools, itertools, typing, logging, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
+import functools, itertools, typing, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
-from tinyvllm.config import Config
+from tinyvllm.config import Config, log
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.attention import words, kv_write, paged_attention
 from tinyvllm.sampler import sample, logprobs
 from tinyvllm.sequence import Sequence
 
-log = logging.getLogger("tinyvllm")
 # A step's inputs travel to the device as one int32 buffer (one copy per step): the block-table rows of the step's R sampled rows, rows of
 # R per-sample values (temperatures, top_p and min_p as float32 bits), then rows of N per-token values. A sequence samples one row:
 # R = min(N, max_num_seqs). What the sampler reads comes first, so it lies where it lies for every token count N of that R: one sampler
@@ -45,7 +44,12 @@ class ModelRunner:
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
-    kv_gb = config.kv_cache_memory if config.kv_cache_memory is not None else self.default_kv_gb(bytes_per_block)
+    # by default enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB; on CUDA, the one device where tinygrad tells free
+    # memory, 80% of it (the rest for graphs)
+    kv_gb = config.kv_cache_memory or min(config.max_num_seqs * self.max_model_len // block_size * bytes_per_block / 1e9, 4.0)
+    if config.kv_cache_memory is None and self.device == "CUDA":
+      import ctypes, tinygrad.runtime.autogen.cuda as cuda   # free and total bytes
+      cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); kv_gb = 0.8 * free.value / 1e9
     # one sequence must always fit the pool, or preemption can't help
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1); self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
@@ -83,21 +87,13 @@ class ModelRunner:
     except Exception as e:
       raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
 
-  def default_kv_gb(self, bytes_per_block:int) -> float:
-    # enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB
-    if self.device != "CUDA": return min(self.config.max_num_seqs * self.max_model_len // self.config.block_size * bytes_per_block / 1e9, 4.0)
-    import ctypes, tinygrad.runtime.autogen.cuda as cuda   # the one device where tinygrad tells free memory: 80% of it, the rest for graphs
-    # free and total bytes
-    cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); return 0.8 * free.value / 1e9
-
   def forward(self, step_buffer:Tensor, num_tokens:int, num_rows:int) -> Tensor:
     """The decoder over the step's tokens; returns the logits of the rows that sample."""
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     attention = lambda layer, q, k, v: paged_attention(q, k, v, *kv_write(*self.kv[layer], inputs["slots"], k, v), block_tables,
                                                        inputs["token_seq"], inputs["positions"], inputs["cached_lens"], self.config.block_size)
-    # only the rows that sample need the LM head
-    return self.model.logits(self.model(inputs["tokens"], inputs["positions"], attention)[inputs["logits_idx"]])
+    return self.model(inputs["tokens"], inputs["positions"], attention, inputs["logits_idx"])   # only the rows that sample
 
   def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, with_logprobs:bool) -> Tensor:
     """Sampling is a graph of its own in three variants: the filtering one (grammar masks, top-k, top-p) costs several passes over the

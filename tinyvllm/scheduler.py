@@ -9,7 +9,7 @@ class Scheduler:
   prompts in arrival order, chunked so a long prompt never stalls the decodes. When blocks run out, the most recently admitted sequence is
   preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap). A step's bookkeeping is split
   around the GPU, as in vLLM's async scheduling: `advance` right after its launch, `receive` when its tokens arrive (just before the next
-  launch), and `postprocess` (nano-vllm's) while the next step runs."""
+  launch), and `check_stop` on each token kept while the next step runs (nano-vllm's postprocess)."""
   def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
     # running in admission order: the last one is the first to be preempted
     self.config, self.bm, self.eos_ids, self.waiting, self.running, self.num_preemptions = config, block_manager, eos_ids, collections.deque(), [], 0
@@ -49,12 +49,6 @@ class Scheduler:
     for seq, row in ((seq, row) for seq, row in zip(seqs, rows) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1):
       seq.token_ids[-1] = token = int(row[0]); seq.matcher and seq.matcher.consume_token(token); kept.append((seq, row, len(seq)))
     return kept
-
-  def postprocess(self, kept:list[tuple[Sequence, np.ndarray, int]]) -> list[tuple[Sequence, CompletionOutput]]:
-    """The step's bookkeeping, done while the GPU runs the next step: each sampled token is counted, detokenized and checked against the
-    stop conditions, and finished sequences give their blocks back at once. Sequences that the step before stopped (the scheduler ran
-    them once more before it knew) or that were aborted while the step ran are skipped."""
-    return [(seq, self.check_stop(seq, row, length)) for seq, row, length in kept if seq.status != Status.FINISHED]
 
   def check_stop(self, seq:Sequence, row:np.ndarray, length:int) -> CompletionOutput:
     """Count, detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""

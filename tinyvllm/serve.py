@@ -37,12 +37,6 @@ class APIError(Exception):
 
 def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
 
-class SSEResponse(StreamingResponse):
-  # Starlette cancels the body iterator on disconnect but never closes it; closing it here runs the engine's abort deterministically
-  async def __call__(self, scope, receive, send):
-    try: await super().__call__(scope, receive, send)
-    finally: await self.body_iterator.aclose()
-
 class OpenAIServer:
   """vLLM's api_server routes over one AsyncLLM: /v1/chat/completions, /v1/models, /health and /metrics."""
   def __init__(self, llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None):
@@ -128,7 +122,10 @@ class OpenAIServer:
             if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage())
           except APIError as e: yield sse(e.body())   # the 200 is sent: the error is an event, as in vLLM
           yield "data: [DONE]\n\n"
-      return SSEResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+      # Starlette cancels the body iterator on disconnect but never closes it; its background task (run after the stream, ended or cut
+      # off) closes it, so the engine's abort runs deterministically
+      stream = events()
+      return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=stream.aclose)
     async with contextlib.aclosing(choices()) as stream:   # the parsers gather each choice's whole message
       # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
       async for _ in stream:
