@@ -30,6 +30,36 @@ def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(t
   assert first["captures"] == second["captures"] == 15 and first["graphs"] == second["graphs"] == 5 + 3 * 3
   for run in (first, second): assert run["token_ids"] == CASE["output_token_ids"] and run["text"] == CASE["output_text_in_context"]
 
+OWN_CACHES = """
+import json, sqlite3, sys, tinygrad.helpers
+from tinyvllm import LLM
+from tinyvllm.config import BUNDLED_MODEL
+from tinyvllm.model import read_config
+if len(sys.argv) > 1: LLM(sys.argv[1], device="CPU", max_num_seqs=4, max_num_batched_tokens=16)   # another engine first, in this process
+LLM(device="CPU", max_num_seqs=4, max_num_batched_tokens=16)
+db, key = sqlite3.connect(tinygrad.helpers.CACHEDB), f"CPU {read_config(BUNDLED_MODEL)}"
+table = next(t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE name LIKE 'tinyvllm_caches%'"))
+print(json.dumps({k: db.execute(f"SELECT length(val) FROM '{table}' WHERE key = ?", (k,)).fetchone()[0] for k in (key, key + " ready")}))
+"""
+
+def test_an_engine_stores_only_its_own_caches(tmp_path):
+  """tinygrad's schedule and program caches belong to the process: an engine made after another one (a test suite, a notebook's second
+  LLM) must store under its keys only what its own graphs need, not the other engine's too, which every later start would read (the
+  bundled model's entries had grown 7x after one other engine, 70x after the test suite)."""
+  import shutil
+  from tinyvllm.config import BUNDLED_MODEL
+  shutil.copytree(BUNDLED_MODEL, other := tmp_path / "other")
+  config = json.load(open(other / "config.json"))
+  json.dump(config | {"rms_norm_eps": 1e-6}, open(other / "config.json", "w"))   # another model to tinygrad: its own kernels and keys
+  sizes = []
+  for extra in ([], [str(other)]):
+    run = subprocess.run([sys.executable, "-c", OWN_CACHES, *extra], capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "CACHEDB": str(tmp_path / f"{len(extra)}.db")})
+    assert run.returncode == 0, run.stderr[-3000:]
+    sizes.append(json.loads(run.stdout.splitlines()[-1]))
+  alone, after_another = sizes
+  assert all(0 < after_another[key] < 1.1 * alone[key] for key in alone), (alone, after_another)
+
 def test_the_shipped_cache_only_adds_rows_that_cache_db_lacks(tmp_path):
   """The shipped sm_90 kernels and BEAM results are SQL that ModelRunner runs on tinygrad's cache.db: it creates the tables it misses and
   inserts only missing rows, so a row the user's cache holds keeps its value, and applying it again changes nothing."""

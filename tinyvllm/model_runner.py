@@ -34,6 +34,9 @@ class ModelRunner:
     start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
     # on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
+    # emptied first: what another engine of this process (a test suite, a notebook's second LLM) left in them would be stored under our
+    # keys too (the bundled model's first-graphs entry: 0.71 MB alone, 5.0 MB after one other engine, 49 MB after the test suite)
+    for cache in STORED_CACHES: cache.clear()
     # before the weights (the kernels that load them are in them too), and only the part the first graphs use (see below): all of them
     # took 0.3-0.5 s to read here (CPU, bundled model), that part 0.02 s. The rest is read once the engine serves (capture_next)
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {hf_config} ready") or ()): cache.update(stored)
