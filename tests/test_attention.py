@@ -49,12 +49,12 @@ def test_paged_attention(mode, G, D, dt, monkeypatch):
   monkeypatch.setattr(attention, "DENSE_MIN", 0); monkeypatch.setattr(attention, "DENSE_MAX", dense_max)
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
   kpool, vpool = words(Tensor(kp)).contiguous().realize(), words(Tensor(vp)).contiguous().realize()   # 16-bit pools hold words
-  step = TinyJit(lambda q, k, v, bt, ts, pos, cached: paged_attention(q, k, v, kpool, vpool, bt, ts, pos, cached, BS).realize())
+  step = TinyJit(lambda qkv, bt, ts, pos, cached: paged_attention(qkv, kpool, vpool, bt, ts, pos, cached, BS).realize())
   for _ in range(4):   # eager, capture, 2 replays; new tables / lengths / row mix every call
     bt, ts, cl, cached, n_real = make_step(rng)
     slots = bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS   # the step's own K/V are already in the pool
     q = rng.standard_normal((N, KVH*G, D)).astype(NP[dt])
-    out = step(Tensor(q), Tensor(kp[slots]), Tensor(vp[slots]), Tensor(bt), Tensor(ts), Tensor(cl - 1), Tensor(cached))
+    out = step(Tensor(np.concatenate([q, kp[slots], vp[slots]], axis=1)), Tensor(bt), Tensor(ts), Tensor(cl - 1), Tensor(cached))
     assert out.dtype == dt and out.shape == q.shape
     np.testing.assert_allclose(out.numpy()[:n_real], ref_attention(q, kp, vp, bt, ts, cl)[:n_real], atol=TOL[dt], rtol=0)
   assert step.cnt == 4
@@ -67,9 +67,9 @@ def test_kv_write_then_attention(mode, dt, monkeypatch):
   kp, vp = (rng.standard_normal((NB*BS, KVH, D)).astype(NP[dt]) for _ in range(2))
   kpool, vpool = words(Tensor(kp)).contiguous().realize(), words(Tensor(vp)).contiguous().realize()
   @TinyJit
-  def step(slots, k, v, q, bt, ts, pos, cached):
-    kp2, vp2 = kv_write(kpool, vpool, slots, k, v)
-    return paged_attention(q, k, v, kp2, vp2, bt, ts, pos, cached, BS).realize()
+  def step(slots, qkv, bt, ts, pos, cached):
+    kp2, vp2 = kv_write(kpool, vpool, slots, qkv)
+    return paged_attention(qkv, kp2, vp2, bt, ts, pos, cached, BS).realize()
   for _ in range(4):
     bt, ts, cl, cached, n_real = make_step(rng)
     # each real row writes its own position (token ts[n] at ctx_len-1); padding rows (-1) carry junk that must not land anywhere
@@ -77,7 +77,7 @@ def test_kv_write_then_attention(mode, dt, monkeypatch):
     slots = np.where(real, bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS, -1).astype(np.int32)
     k, v = (rng.standard_normal((N, KVH, D)).astype(NP[dt]) for _ in range(2))
     q = rng.standard_normal((N, KVH*2, D)).astype(NP[dt])
-    out = step(Tensor(slots), Tensor(k), Tensor(v), Tensor(q), Tensor(bt), Tensor(ts), Tensor(cl - 1), Tensor(cached)).numpy()
+    out = step(Tensor(slots), Tensor(np.concatenate([q, k, v], axis=1)), Tensor(bt), Tensor(ts), Tensor(cl - 1), Tensor(cached)).numpy()
     kp[slots[real]], vp[slots[real]] = k[real], v[real]   # untouched slots keep their old values
     np.testing.assert_array_equal(kpool.bitcast(dt).numpy(), kp); np.testing.assert_array_equal(vpool.bitcast(dt).numpy(), vp)
     np.testing.assert_allclose(out[:n_real], ref_attention(q, kp, vp, bt, ts, cl)[:n_real], atol=TOL[dt], rtol=0)
@@ -95,8 +95,8 @@ def test_bf16_pools_hold_packed_words():
   real = np.arange(N) < n_real
   slots = np.where(real, bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS, -1).astype(np.int32)
   k, v, q = (rng.standard_normal((N, h, D)).astype(np.float32) for h in (KVH, KVH, KVH*2))
-  pools = kv_write(kpool, vpool, T(slots), bf16(k), bf16(v))
-  out = paged_attention(bf16(q), bf16(k), bf16(v), *pools, T(bt), T(ts), T(cl - 1), T(cached), BS).float().numpy()
+  qkv = bf16(np.concatenate([q, k, v], axis=1))
+  out = paged_attention(qkv, *kv_write(kpool, vpool, T(slots), qkv), T(bt), T(ts), T(cl - 1), T(cached), BS).float().numpy()
   kp, vp = rounded(kp), rounded(vp)
   kp[slots[real]], vp[slots[real]] = rounded(k)[real], rounded(v)[real]
   np.testing.assert_array_equal(kpool.bitcast(dt).float().numpy(), kp); np.testing.assert_array_equal(vpool.bitcast(dt).float().numpy(), vp)
@@ -104,7 +104,8 @@ def test_bf16_pools_hold_packed_words():
 
 def test_kv_write_padding_only_and_out_of_pool():
   kpool, vpool = Tensor.zeros(8, 1, 4).contiguous().realize(), Tensor.zeros(8, 1, 4).contiguous().realize()
-  kp, vp = kv_write(kpool, vpool, Tensor([-1, 8, 100, 3], dtype=dtypes.int32), Tensor.ones(4, 1, 4), Tensor.full((4, 1, 4), 2.0))
+  qkv = Tensor.full((4, 1, 4), 5.0).cat(Tensor.ones(4, 1, 4), Tensor.full((4, 1, 4), 2.0), dim=1)   # one query head, then k, then v
+  kp, vp = kv_write(kpool, vpool, Tensor([-1, 8, 100, 3], dtype=dtypes.int32), qkv)
   Tensor.realize(kp, vp)
   assert kpool.numpy().sum() == 4 and vpool.numpy().sum() == 8 and kpool.numpy()[3].sum() == 4
 
@@ -123,10 +124,10 @@ RENDERERS = {"CUDA": (CUDARenderer, Target("CUDA", arch="sm_90"), "__global__"),
 def test_render(backend, name, h):
   cls, target, marker = RENDERERS[backend]
   ren, pool = make_renderer(cls, target), ((NB*BS, KVH, 32), dtypes.uint32)   # a 16-bit pool holds words
-  if name == "kv_write": fxn, args = _kv_write_kernel, [pool, pool, ((N,), dtypes.int32), ((N, KVH, 64), h), ((N, KVH, 64), h)]
+  if name == "kv_write": fxn, args = _kv_write_kernel, [pool, pool, ((N,), dtypes.int32), ((N, 3*KVH, 64), h)]
   else:
     fxn = functools.partial(_paged_attention_kernel, block_size=BS, has_local=True)
-    args = [((N, 8, 4, 66), dtypes.float), ((N, 8, 64), h), pool, pool, ((S, MAXB), dtypes.int32),
+    args = [((N, 8, 4, 66), dtypes.float), ((N, 8 + 2*KVH, 64), h), pool, pool, ((S, MAXB), dtypes.int32),
             ((N,), dtypes.int32), ((N,), dtypes.int32)]
   ast = fxn(*[UOp.placeholder(shape, dtype, i) for i, (shape, dtype) in enumerate(args)])
   sink = full_rewrite_to_sink(ast, ren, optimize=ast.tag is None)   # what tinygrad's to_program does

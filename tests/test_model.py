@@ -4,14 +4,16 @@ from tinygrad import Tensor, dtypes
 from tinyvllm.config import BUNDLED_MODEL
 from tinyvllm.model import read_config, load_weights, Transformer
 
-def causal(i, q, k, v):   # plain contiguous attention: the model is checked on its own, the paged cache elsewhere
-  q, k, v = (t.transpose(0, 1) for t in (q, k, v))
-  return q.scaled_dot_product_attention(k, v, is_causal=True, enable_gqa=True).transpose(0, 1)
+def causal(c:dict):   # plain contiguous attention: the model is checked on its own, the paged cache elsewhere
+  def attention(i, qkv):
+    q, k, v = (t.transpose(0, 1) for t in qkv.split([c["num_attention_heads"]] + [c["num_key_value_heads"]]*2, dim=1))
+    return q.scaled_dot_product_attention(k, v, is_causal=True, enable_gqa=True).transpose(0, 1)
+  return attention
 
 def our_logits(model_dir, ids):
   c = read_config(model_dir)
   m = Transformer(c, load_weights(model_dir, c, dtypes.float32), 64)
-  return m(Tensor(ids), Tensor.arange(len(ids)), causal, Tensor.arange(len(ids))).numpy()
+  return m(Tensor(ids), Tensor.arange(len(ids)), causal(c), Tensor.arange(len(ids))).numpy()
 
 def hf_logits(model_dir, ids):
   with torch.no_grad():

@@ -47,7 +47,7 @@ def test_logits_match_transformers(name, tmp_path):
   last = -(-32 * 8 // c["num_experts_per_tok"]) - 1
   for n in (1, 2, 3, last, last + 1):
     ids = np.random.default_rng(n).integers(0, 512, n).tolist()
-    ours = m(Tensor(ids), Tensor.arange(n), causal, Tensor.arange(n)).numpy()
+    ours = m(Tensor(ids), Tensor.arange(n), causal(c), Tensor.arange(n)).numpy()
     np.testing.assert_allclose(ours, hf_logits(path, ids), atol=1e-4, err_msg=f"{n} tokens")
 
 def test_greedy_alone_and_batched_match_transformers(qwen3_moe):

@@ -11,22 +11,24 @@ from tinygrad.renderer import Estimates
 
 DENSE_MIN, DENSE_MAX = 512, 2048   # step sizes whose in-step attention is a dense (N, N) matmul (measured on an H200, see BENCHMARKS.md)
 
-def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, K:UOp, V:UOp) -> UOp:
-  # vLLM's reshape_and_cache: pool[slots[n]] = kv[n] for both pools in one launch; O(N) work, slot -1 (padding row) is skipped
-  n, h, w = UOp.range(K.shape[0], 0), UOp.range(K.shape[1], 1), UOp.range(KP.shape[2], 2)
+def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, QKV:UOp) -> UOp:
+  # vLLM's reshape_and_cache: pool[slots[n]] = kv[n] for both pools in one launch; O(N) work, slot -1 (padding row) is skipped. k and v
+  # are the last 2*KVH heads of QKV
+  n, h, w, KVH = UOp.range(QKV.shape[0], 0), UOp.range(KP.shape[1], 1), UOp.range(KP.shape[2], 2), KP.shape[1]
   # out-of-pool slots are skipped too: the bound also lets tinygrad drop index wrapping
   s = (s := SL[n].cast(dtypes.weakint)).valid((s >= 0) & (s < KP.shape[0]))
-  bits = lambda X, i: X[n, h, i].bitcast(dtypes.uint16).cast(dtypes.uint32)
-  word = lambda X: X[n, h, w].cast(KP.dtype) if KP.shape[2] == X.shape[2] else bits(X, 2*w) | bits(X, 2*w + 1) << 16   # see words
-  return UOp.group(KP[s, h, w].store(word(K)), VP[s, h, w].store(word(V))).end(n, h, w).sink(arg=KernelInfo(name="kv_write"))
+  bits = lambda head, i: QKV[n, head, i].bitcast(dtypes.uint16).cast(dtypes.uint32)
+  word = lambda head: QKV[n, head, w].cast(KP.dtype) if KP.shape[2] == QKV.shape[2] else bits(head, 2*w) | bits(head, 2*w + 1) << 16  # see words
+  kv = (word(QKV.shape[1] - 2*KVH + h), word(QKV.shape[1] - KVH + h))
+  return UOp.group(KP[s, h, w].store(kv[0]), VP[s, h, w].store(kv[1])).end(n, h, w).sink(arg=KernelInfo(name="kv_write"))
 
 # 16-bit pools hold 32-bit words of two elements each, as tinygrad widens uint loads to 16 bytes and leaves bf16 ones scalar
 words = lambda x: x.bitcast(dtypes.uint32) if x.dtype.itemsize == 2 else x
 
-def kv_write(k_pool:Tensor, v_pool:Tensor, slots:Tensor, k:Tensor, v:Tensor) -> tuple[Tensor, Tensor]:
-  """Write k, v (N, KVH, D) into the pools (words(...) of (num_slots, KVH, D)) at slots (N,) int32 in place; -1 = padding row.
-  Returns the pools after the write."""
-  return tuple(k_pool.custom_kernel(v_pool, slots, k, v, fxn=_kv_write_kernel)[:2])
+def kv_write(k_pool:Tensor, v_pool:Tensor, slots:Tensor, qkv:Tensor) -> tuple[Tensor, Tensor]:
+  """Write k, v, the last 2*KVH heads of qkv (N, H+2*KVH, D), into the pools (words(...) of (num_slots, KVH, D)) at slots (N,) int32 in
+  place; -1 = padding row. Returns the pools after the write."""
+  return tuple(k_pool.custom_kernel(v_pool, slots, qkv, fxn=_kv_write_kernel)[:2])
 
 def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UOp, block_size:int, has_local:bool) -> UOp:
   # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and a thread group per
@@ -83,26 +85,31 @@ def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[T
   acc = p.cast(q.dtype).matmul(v.permute(1, 0, 2).unsqueeze(1), dtype=dtypes.float).contiguous()
   to_nh = lambda t: t.permute(2, 0, 1, 3).reshape(N, H, t.shape[3]); return to_nh(m)[..., 0], to_nh(p.sum(-1, keepdim=True))[..., 0], to_nh(acc)
 
-def paged_attention(q:Tensor, k:Tensor, v:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor, token_seq:Tensor, positions:Tensor,
-                    cached_lens:Tensor, block_size:int) -> Tensor:
-  """q (N, H, D) -> (N, H, D): token n (at positions[n] of sequence token_seq[n], whose block_tables (S, MAXB) row maps positions to pool
-  slots) attends to positions 0..positions[n]. The pools already hold this step's k, v (N, KVH, D); cached_lens[n] = how many of the
-  sequence's positions came from earlier steps (the step's own tokens of a sequence are consecutive rows, as vLLM flattens varlen batches)."""
-  (N, H, D), KVH, ctx_lens = q.shape, k_pool.shape[1], positions + 1; assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
+def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor, token_seq:Tensor, positions:Tensor, cached_lens:Tensor,
+                    block_size:int) -> Tensor:
+  """qkv (N, H+2*KVH, D), the heads of q, k, v -> (N, H, D): token n (at positions[n] of sequence token_seq[n], whose block_tables (S, MAXB)
+  row maps positions to pool slots) attends to positions 0..positions[n]. The pools already hold this step's k, v; cached_lens[n] = how many
+  of the sequence's positions came from earlier steps (the step's own tokens of a sequence are consecutive rows, as vLLM flattens varlen
+  batches)."""
+  (N, _, D), KVH, ctx_lens = qkv.shape, k_pool.shape[1], positions + 1; H = qkv.shape[1] - 2*KVH
+  assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
   # vLLM's split of prefill and decode attention: in prefill-sized steps the kernel reads only the cached prefix and the step's own tokens
   # meet through tensor-core matmuls. Smaller steps are mostly decodes (one in-step token each: the kernel alone is cheaper), and the
   # (N, N) scores of larger ones grow quadratically, so those read everything through the kernel. C: enough chunks to fill the GPU at
   # small batches, few enough that the partial results stay small for prefill-sized steps
   dense, C = DENSE_MIN <= N <= DENSE_MAX, max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8)))
-  fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[q.device].renderer.has_local)
+  fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[qkv.device].renderer.has_local)
   # with a one-row table token_seq is provably 0 and tinygrad drops it from the kernel's parameters, but tinygrad 0.14's CUDA graph still
   # passes every buffer, and building the graph fails ("invalid argument"): a second row keeps the signature whole
   if block_tables.shape[0] == 1: block_tables = block_tables.pad(((0, 1), None))
   # one output buffer holds each chunk's partial result: [acc (D), m, l]
-  part = Tensor.empty(N, H, C, D + 2, dtype=dtypes.float, device=q.device).custom_kernel(q, k_pool, v_pool, block_tables, token_seq,
-                                                                                         cached_lens if dense else ctx_lens, fxn=fxn)[0]
+  # (the kernel reads q's heads of qkv in place)
+  part = Tensor.empty(N, H, C, D + 2, dtype=dtypes.float, device=qkv.device).custom_kernel(qkv, k_pool, v_pool, block_tables, token_seq,
+                                                                                           cached_lens if dense else ctx_lens, fxn=fxn)[0]
   m, l, acc = part[..., D], part[..., D+1], part[..., :D]
   # the in-step attention's partials join as one more chunk
-  if dense: m, l, acc = [t.cat(d.unsqueeze(dim), dim=dim) for t, d, dim in zip((m, l, acc), in_step_attention(q, k, v, token_seq), (-1, -1, 2))]
+  if dense:
+    in_step = in_step_attention(*qkv.split([H, KVH, KVH], dim=1), token_seq)
+    m, l, acc = [t.cat(d.unsqueeze(dim), dim=dim) for t, d, dim in zip((m, l, acc), in_step, (-1, -1, 2))]
   # each partial's weight; an empty chunk (m = -inf) weighs 0
-  w = (m - m.max(-1, keepdim=True)).exp(); return ((acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(-1).unsqueeze(-1)).cast(q.dtype)
+  w = (m - m.max(-1, keepdim=True)).exp(); return ((acc * w.unsqueeze(-1)).sum(2) / (l * w).sum(-1).unsqueeze(-1)).cast(qkv.dtype)

@@ -81,8 +81,8 @@ class Transformer:
     self.hf_config, self.w, (self.cos, self.sin) = hf_config, weights, rope_tables(hf_config, max_len)
     self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])   # tied embeddings share the matrix
 
-  def norm(self, x:Tensor, name:str) -> Tensor:
-    xf = x.float(); return (xf * (xf.square().mean(-1, keepdim=True) + self.hf_config["rms_norm_eps"]).rsqrt()).cast(x.dtype) * self.w[name]
+  def norm(self, x:Tensor, weight:Tensor) -> Tensor:
+    xf = x.float(); return (xf * (xf.square().mean(-1, keepdim=True) + self.hf_config["rms_norm_eps"]).rsqrt()).cast(x.dtype) * weight
 
   def linear(self, x:Tensor, name:str) -> Tensor:
     y = gemm.matmul(x, self.w[name+".weight"]); return y if (b := self.w.get(name+".bias")) is None else y + b
@@ -91,21 +91,25 @@ class Transformer:
     x1, x2 = x.chunk(2, -1); return (x1*cos - x2*sin).cat(x2*cos + x1*sin, dim=-1).cast(x.dtype)
 
   def __call__(self, tokens:Tensor, positions:Tensor, attention, rows:Tensor) -> Tensor:
-    """tokens, positions: (N,) flattened over the step's sequences; attention(layer, q, k, v) -> (N, H, hd). Returns the float logits
-    (R, vocab) of the R tokens at `rows` (only the rows that sample need the LM head)."""
+    """tokens, positions: (N,) flattened over the step's sequences; attention(layer, qkv (N, H+2*KV, hd)) -> (N, H, hd). Returns the float
+    logits (R, vocab) of the R tokens at `rows` (only the rows that sample need the LM head)."""
     hf_config, N = self.hf_config, tokens.shape[0]; hd, H, KV = (hf_config[k] for k in ("head_dim", "num_attention_heads", "num_key_value_heads"))
     cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1); x = self.w["model.embed_tokens.weight"][tokens]
     for i in range(hf_config["num_hidden_layers"]):
-      p = f"model.layers.{i}."; h = self.norm(x, p+"input_layernorm.weight")
-      q, k, v = [t.reshape(N, -1, hd) for t in self.linear(h, p+"self_attn.qkv_proj").split([H*hd, KV*hd, KV*hd], dim=-1)]
-      if hf_config["qk_norm"]: q, k = self.norm(q, p+"self_attn.q_norm.weight"), self.norm(k, p+"self_attn.k_norm.weight")
-      x = x + self.linear(attention(i, self.rope(q, cos, sin), self.rope(k, cos, sin), v).reshape(N, -1), p+"self_attn.o_proj")
-      h = self.norm(x, p+"post_attention_layernorm.weight")
+      p = f"model.layers.{i}."; h = self.norm(x, self.w[p+"input_layernorm.weight"])
+      qkv = self.linear(h, p+"self_attn.qkv_proj").reshape(N, -1, hd)   # (N, H+2*KV, hd)
+      # q and k (normed together, each head by its own weight) are roped and put back beside v in one kernel, which the attention kernels
+      # read at their heads' offsets: no copy of q, k or v of their own (5 kernels a layer were 2 for Qwen3, 3 were 1 for Llama)
+      qk = qkv[:, :H+KV]
+      if hf_config["qk_norm"]:
+        qk = self.norm(qk, self.w[p+"self_attn.q_norm.weight"].expand(H, hd).cat(self.w[p+"self_attn.k_norm.weight"].expand(KV, hd)))
+      x = x + self.linear(attention(i, self.rope(qk, cos, sin).cat(qkv[:, H+KV:], dim=1)).reshape(N, -1), p+"self_attn.o_proj")
+      h = self.norm(x, self.w[p+"post_attention_layernorm.weight"])
       if i in hf_config["moe_layers"]: x = x + self.experts(h, p); continue
       gate, up = self.linear(h, p+"mlp.gate_up_proj").chunk(2, -1)
       # contiguous: fused into the down matmul's loads, silu(gate)*up was recomputed for every output tile (measured 2x slower on an H200)
       x = x + self.linear((gate.silu() * up).contiguous(), p+"mlp.down_proj")
-    return gemm.matmul(self.norm(x, "model.norm.weight")[rows], self.lm_head).float()
+    return gemm.matmul(self.norm(x, self.w["model.norm.weight"])[rows], self.lm_head).float()
 
   def experts(self, x:Tensor, p:str) -> Tensor:
     """The sparse MoE block, exact (every token keeps its k experts; no capacity drops). Decode-sized steps (under 32 rows per expert on

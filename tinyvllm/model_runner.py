@@ -94,8 +94,8 @@ class ModelRunner:
     """The decoder over the step's tokens; returns the logits of the rows that sample."""
     inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
-    attention = lambda layer, q, k, v: paged_attention(q, k, v, *kv_write(*self.kv[layer], inputs["slots"], k, v), block_tables,
-                                                       inputs["token_seq"], inputs["positions"], inputs["cached_lens"], self.config.block_size)
+    attention = lambda layer, qkv: paged_attention(qkv, *kv_write(*self.kv[layer], inputs["slots"], qkv), block_tables, inputs["token_seq"],
+                                                   inputs["positions"], inputs["cached_lens"], self.config.block_size)
     return self.model(inputs["tokens"], inputs["positions"], attention, inputs["logits_idx"])   # only the rows that sample
 
   def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, with_logprobs:bool) -> Tensor:
