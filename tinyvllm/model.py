@@ -99,7 +99,7 @@ class Transformer:
       p = f"model.layers.{i}."; h = self.norm(x, self.w[p+"input_layernorm.weight"])
       qkv = self.linear(h, p+"self_attn.qkv_proj").reshape(N, -1, hd)   # (N, H+2*KV, hd)
       # q and k (normed together, each head by its own weight) are roped and put back beside v in one kernel, which the attention kernels
-      # read at their heads' offsets: no copy of q, k or v of their own (5 kernels a layer were 2 for Qwen3, 3 were 1 for Llama)
+      # read at their heads' offsets: no copy of q, k or v of their own (5 kernels a layer were 3 for Qwen3, 3 were 1 for Llama)
       qk = qkv[:, :H+KV]
       if hf_config["qk_norm"]:
         qk = self.norm(qk, self.w[p+"self_attn.q_norm.weight"].expand(H, hd).cat(self.w[p+"self_attn.k_norm.weight"].expand(KV, hd)))
