@@ -13,6 +13,7 @@ distinct weights, so launches amortize and the weights stream from memory as in 
   DEV=CUDA python scripts/bench_gemm.py                      # the table for BENCHMARKS.md
   DEV=CUDA python scripts/bench_gemm.py --sweep --m 64 256   # every config at each shape: what gemm.plan was picked from"""
 import argparse, os, statistics, sys, time
+import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinyvllm import gemm
@@ -97,6 +98,27 @@ def speeds(M:int, K:int, N:int, cfgs:list, old=True, cublas=True) -> dict:
   del a, ws
   return res
 
+def moe_tiles(tiles:int, K:int, N:int, E:int=128, T:int=64):
+  """MoE prefill: x's tiles of T rows, each owned by one expert of the stacked (E, N, K) weights. The wgmma kernel with an expert per tile
+  against torch (fp32, per tile), into a NaN-poisoned output, then its speed against tinygrad's matmul of the tiles (the portable path,
+  SM90A_GEMM=0) in the same run, each in a TinyJit over fresh owners."""
+  import torch
+  x, w = Tensor.randn(tiles * T, K).cast(bf).realize(), (Tensor.randn(E, N, K) * 0.05).cast(bf).realize()
+  owner = Tensor(np.random.default_rng(tiles).integers(0, E, tiles).astype(np.int32)).realize()
+  experts = owner.reshape(tiles, 1).expand(tiles, T)
+  out = gemm.matmul(x, w, experts=experts).numpy().astype(np.float32)
+  tx, tw, to = (torch.from_numpy(t.float().numpy()) for t in (x, w, owner))
+  want = torch.einsum("tik,tnk->tin", tx.reshape(tiles, T, K), tw[to.long()]).reshape(tiles * T, N)
+  err = rel(torch.from_numpy(out), want); assert np.isfinite(out).all() and err < 1e-2, err
+  res, flop = {}, 2 * tiles * T * N * K
+  for name, env in (("wgmma", "1"), ("tinygrad", "0")):
+    os.environ["SM90A_GEMM"] = env
+    f = TinyJit(lambda x, e: gemm.matmul(x, w, experts=e).realize())
+    res[name] = flop / timed(lambda: f(x, experts.contiguous().realize()), Device["CUDA"].synchronize) / 1e12
+  os.environ.pop("SM90A_GEMM")
+  print(f"MoE tiles={tiles} T={T} K={K} N={N} E={E}: rel err vs torch fp32 {err:.1e}; TFLOP/s wgmma {res['wgmma']:.1f}, "
+        f"tinygrad {res['tinygrad']:.1f}", flush=True)
+
 if __name__ == "__main__":
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--m", type=int, nargs="+", default=[256, 1024, 4096], help="rows (tokens in the step)")
@@ -104,7 +126,11 @@ if __name__ == "__main__":
   p.add_argument("--sweep", action="store_true", help="time every valid config in CONFIGS instead of the planned one")
   p.add_argument("--layers", nargs="+", help="sweep only these layers")
   p.add_argument("--no-old", action="store_true", help="skip timing the engine's old tinygrad path (slow to compile and run)")
+  p.add_argument("--moe", action="store_true", help="only the MoE prefill tiles (Qwen3-30B-A3B's gate_up and down at 1024 tokens)")
   a = p.parse_args()
+  if a.moe:
+    for tiles, K, N in ((256, 2048, 1536), (256, 768, 2048), (48, 2048, 1536)): moe_tiles(tiles, K, N)
+    sys.exit()
   import torch
   torch.backends.cuda.matmul.allow_tf32 = False   # the float32 reference must be float32
   print(f"device: {torch.cuda.get_device_name()}, tinygrad {Device.DEFAULT}")

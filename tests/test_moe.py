@@ -43,7 +43,7 @@ def test_logits_match_transformers(name, tmp_path):
   assert c["moe_layers"] == {"qwen3-moe-sparse-step": [1], "qwen3-moe-mlp-only-norm": [0, 2], "mixtral": [0, 1, 2]}[name]
   m = Transformer(c, load_weights(path, c, dtypes.float32), 256)
   # steps of under 32 rows per expert (N * k < 32 * 8 assignments) take gemm's GEMV with an expert per row: 1-3 tokens, and the last step
-  # size before the path changes; from there, assignments sorted into tiles of 32 rows per expert
+  # size before the path changes; from there, assignments sorted into tiles of 64 rows (T) per expert
   last = -(-32 * 8 // c["num_experts_per_tok"]) - 1
   for n in (1, 2, 3, last, last + 1):
     ids = np.random.default_rng(n).integers(0, 512, n).tolist()

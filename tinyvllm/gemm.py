@@ -26,7 +26,8 @@ __device__ __forceinline__ void load(u32 s, const u16 *A, const u16 *W, int m0, 
   asm volatile("cp.async.commit_group;");
 }
 __device__ __forceinline__ unsigned long long desc(u32 s) { return (s & 0x3FFFF) >> 4 | 1ull << 16 | 64ull << 32 | 1ull << 62; }
-extern "C" __global__ void __launch_bounds__(NT, 228*1024/(ST*SB+2048)) NAME(void *C, const u16 *A, const u16 *W) {
+extern "C" __global__ void __launch_bounds__(NT, 228*1024/(ST*SB+2048)) NAME(void *C, const u16 *A, const u16 *W EXPERTS) {
+  W += (size_t)EXPERT*N*K;
   extern __shared__ char smem[]; const u32 s0 = ((u32)__cvta_generic_to_shared(smem) + 1023) & ~1023u;
   const int m0 = blockIdx.x*BM, n0 = blockIdx.y*BN, k0 = blockIdx.z*(K/S), wg = threadIdx.x/128;
   float d[BN/2] = {};
@@ -58,19 +59,20 @@ def _launch_with_smem(program_t:type):
   init = program_t.__init__; program_t.__init__ = lambda self, dev, obj, smem=0: init(self, dev, obj, SMEM.get(obj.name, smem))
 
 @functools.cache
-def _kernel(M:int, N:int, K:int, dev:str, BM:int, BN:int, ST:int, S:int):
+def _kernel(M:int, N:int, K:int, dev:str, BM:int, BN:int, ST:int, S:int, moe:bool=False):
   from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler   # here, so other backends never load CUDA's libraries
-  _launch_with_smem(Device[dev].runtime_t); SMEM[name := f"gemm_{BM}x{BN}x{ST}"] = ST*(BM+BN)*128 + 1024
+  _launch_with_smem(Device[dev].runtime_t); SMEM[name := f"gemm{'_moe' * moe}_{BM}x{BN}x{ST}"] = ST*(BM+BN)*128 + 1024
   acc = ",".join(f"%{i}" for i in range(BN//2)), ", ".join(f'"+f"(d[{i}])' for i in range(BN//2))   # the accumulator tile: BN/2 per thread
   mma = f'asm volatile("wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.bf16.bf16 {{{acc[0]}}}, %{BN//2}, %{BN//2+1}, 1, 1, 1, 0, 0;" : {acc[1]}'
-  defs = {"NAME": name, "M": M, "N": N, "K": K, "BM": BM, "BN": BN, "ST": ST, "S": S, "MMA(a, b)": mma + ' : "l"(a), "l"(b))'}
+  defs = {"NAME": name, "M": M, "N": N, "K": K, "BM": BM, "BN": BN, "ST": ST, "S": S, "MMA(a, b)": mma + ' : "l"(a), "l"(b))',
+          "EXPERTS": ", const int *X" if moe else "", "EXPERT": "X[blockIdx.x]" if moe else 0}   # MoE: the expert of each BM-row tile
   src = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SRC; lib = NVRTCCompiler("sm_90a", ptx=False).compile_cached(src)
-  # outs/ins are what the JIT's memory planner and the CUDA graph's dependency edges see: C written, A and W read
-  info = ProgramInfo(name, global_size=(-(-M//BM), N//BN, S), local_size=(BM//64*128, 1, 1), globals=(0, 1, 2), outs=(0,), ins=(1, 2),
-                     target=Device[dev].renderer.target)
+  # outs/ins are what the JIT's memory planner and the CUDA graph's dependency edges see: C written, A and W (and the experts) read
+  info = ProgramInfo(name, global_size=(-(-M//BM), N//BN, S), local_size=(BM//64*128, 1, 1), globals=tuple(range(3 + moe)), outs=(0,),
+                     ins=tuple(range(1, 3 + moe)), target=Device[dev].renderer.target)
   # a PROGRAM whose last src is a BINARY counts as compiled: tinygrad launches it as is
-  return lambda C, A, W: UOp(Ops.PROGRAM, src=(UOp.sink(C, A, W, arg=KernelInfo(name=name, estimates=Estimates(ops=2*M*N*K, mem=2*(M*K+N*K+M*N)))),
-                                               UOp(Ops.LINEAR, src=(C, A, W)), UOp(Ops.SOURCE, arg=src), UOp(Ops.BINARY, arg=lib)), arg=info)
+  return lambda *bufs: UOp(Ops.PROGRAM, src=(UOp.sink(*bufs, arg=KernelInfo(name=name, estimates=Estimates(ops=2*M*N*K, mem=2*(M*K+N*K+M*N)))),
+                                             UOp(Ops.LINEAR, src=bufs), UOp(Ops.SOURCE, arg=src), UOp(Ops.BINARY, arg=lib)), arg=info)
 
 def plan(M:int, N:int, K:int) -> tuple[int, int, int, int]:
   """(BM, BN, stages, S), picked from scripts/bench_gemm.py --sweep on an H100: the large tile where the shape allows, then K split S ways
@@ -115,23 +117,25 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   """x (M, K) @ w (N, K).T: decode-sized M through our GEMV on every device; larger M on a Hopper GPU under CUDA through our wgmma kernel
   (SM90A_GEMM=0 turns it off, to measure the portable path), elsewhere tinygrad's own matmul.
   MoE, w (E, N, K) a layer's stacked experts: experts (A,) the expert of each output row (see gemv), through the GEMV where K fills its
-  words; or (tiles, T) the expert of each tile of T rows of x (larger steps), through tinygrad's matmul with the gather of w folded
-  into its loads, so a tile reads its expert once."""
+  words; or (tiles, T) the expert of each tile of T rows of x (larger steps), so that a tile reads its expert once: on Hopper through the
+  wgmma kernel (T = 64, its tile), elsewhere through tinygrad's matmul with the gather of w folded into its loads."""
   (M, K), N, dev, lanes = x.shape, w.shape[-2], Device[x.device], 32 if Device[x.device].renderer.has_local else 1
   wgmma = isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and dev.renderer.target.arch == "sm_90" and os.getenv("SM90A_GEMM") != "0" \
     and x.dtype == w.dtype == dtypes.bfloat16 and K % 64 == 0 and K >= 512 and N % 128 == 0
   # the GEMV below 4 rows beside wgmma, whose 64-row tiles read W faster from there on (scripts/bench_gemv.py on an H100)
-  vec = next((v for v in (4, 2, 1) if K * x.dtype.itemsize % (4 * lanes * v) == 0), 0)   # words per load, as K's bytes allow
-  # realized at the tiles' shape: the reshape to rows, fused into the matmul, merged a tile's rows into one axis, and tinygrad then read W
-  # per row instead of once per tile (TTFT(1024) of Qwen3-30B-A3B 8x slower on the H100)
-  if experts is not None and (experts.ndim > 1 or not vec or x.dtype != w.dtype):
+  vec = next((v for v in (4, 2, 1) if x.dtype == w.dtype and K * x.dtype.itemsize % (4 * lanes * v) == 0), 0)   # words per load; 0: no GEMV
+  # MoE tiles: on Hopper, tiles of 64 rows are wgmma's, each reading the rows of its own expert. Elsewhere realized at the tiles' shape: the
+  # reshape to rows, fused into the matmul, merged a tile's rows into one axis, and tinygrad then read W per row instead of once per tile
+  # (TTFT(1024) of Qwen3-30B-A3B 8x slower on the H100)
+  if experts is not None and ((not wgmma or experts.shape[1] != 64) if experts.ndim > 1 else not vec):
     rows_x = x.reshape(M, 1, 1, K).expand(M, experts.numel() // M, 1, K).reshape(*experts.shape, 1, K)
     return (rows_x @ w[experts].transpose(-1, -2)).contiguous().reshape(-1, N)
   # 2 rows of W per lane from 4 rows of x, and for the experts' rows (the down projection's short K read 1.4x faster so at batch 1)
   rows = 2 if (M >= 4 or experts is not None) and N % 2 == 0 else 1
-  if experts is not None or M < (4 if wgmma else 16) and x.dtype == w.dtype and vec: return gemv(x, w, lanes, rows, vec, experts)
+  if experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec: return gemv(x, w, lanes, rows, vec, experts)
   if not wgmma: return x @ w.T
-  BM, BN, ST, S = cfg or plan(M, N, K)
+  ids = () if experts is None else (experts[:, 0].contiguous(),)   # MoE: the expert of each tile
+  BM, BN, ST, S = cfg or ((64, 128, 8, 1) if ids else plan(M, N, K))
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result)
   out = Tensor.empty(*(S,)*(S > 1), M, N, dtype=dtypes.float if S > 1 else x.dtype, device=x.device)
-  out = out.custom_kernel(x, w, fxn=_kernel(M, N, K, x.device, BM, BN, ST, S))[0]; return out.sum(0).cast(x.dtype) if S > 1 else out
+  out = out.custom_kernel(x, w, *ids, fxn=_kernel(M, N, K, x.device, BM, BN, ST, S, bool(ids)))[0]; return out.sum(0).cast(x.dtype) if S > 1 else out

@@ -111,12 +111,13 @@ class Transformer:
       x = x + self.linear((gate.silu() * up).contiguous(), p+"mlp.down_proj")
     return gemm.matmul(self.norm(x, self.w["model.norm.weight"])[rows], self.lm_head).float()
 
-  def experts(self, x:Tensor, p:str) -> Tensor:
+  def experts(self, x:Tensor, p:str, T:int=64) -> Tensor:
     """The sparse MoE block, exact (every token keeps its k experts; no capacity drops). Decode-sized steps (under 32 rows per expert on
     average) run a row per (token, expert) assignment through gemm's GEMV, each row reading only its expert's rows of the stacked weights;
     a step's rows of one expert meet in L2, as a block of W's rows is read by all of them at once. Larger steps are vLLM's fused_moe: the
-    N*k assignments sorted by expert (a counting sort) into tiles of T rows, each tile padded and owned by one expert, so a chosen expert's
-    weights are read once per tile of its tokens, not once per token. Which is faster where: BENCHMARKS.md."""
+    N*k assignments sorted by expert (a counting sort) into tiles of T rows (64: a tile of gemm's wgmma kernel on Hopper), each tile padded
+    and owned by one expert, so a chosen expert's weights are read once per tile of its tokens, not once per token. Which is faster where:
+    BENCHMARKS.md."""
     c, (N, D), arange = self.hf_config, x.shape, Tensor.arange
     E, k, A, i = c["num_experts"], c["num_experts_per_tok"], N * c["num_experts_per_tok"], arange(c["num_experts"])
     # router: softmax over all E logits in float32, then the top k (rank = how many experts beat one; ties go to the lower id, as torch.topk's)
@@ -128,7 +129,6 @@ class Transformer:
     # inputs: x's row of each output row; owner: the expert of each row (decode), or of each tile of T rows
     if A < 32 * E: inputs, owner, dest = x, sel.flatten(), None
     else:
-      T = min(64, 1 << ((A // E).bit_length() - 1))   # the tokens an expert gets on average, 32 or 64
       onehot, tiles = sel.flatten().unsqueeze(1) == i, A // T + min(E, A)   # (A, E); tiles: each expert's whole ones and at most one partial
       ends = (padded := (onehot.sum(0) + T - 1) // T * T).cumsum()   # each expert's rows end where its padded tiles do
       dest = (onehot * (onehot.cumsum(0) + ends - padded)).sum(1) - 1   # (A,) the row of each assignment
