@@ -21,7 +21,8 @@ Rebuilt on 2026-11-26 for d550d11 (the GEMV with experts, the tiles' matmul): th
 the fourth (0.42 MB: 1,835 sm_90 and 84 sm_90a binaries, 164 BEAM results). tests/test_startup.py renders today's GEMV for sm_90 and
 fails while the shipped file lacks it: a change to a kernel comes with a rebuild (one H100 call, ~7 minutes for these two). Rebuilt so
 again on 2026-11-26 for a834caf (the sampler's argmax, q/k/v read in place), in two calls (the second command alone took 256 s): 0.61 MB,
-1,928 sm_90 and 84 sm_90a binaries, 176 BEAM results.
+1,928 sm_90 and 84 sm_90a binaries, 176 BEAM results. Rebuilt so for f659d84 (the wgmma kernel with an expert per tile; every wgmma
+kernel's source changed), two calls of 245 s and 338 s: 0.44 MB, 1,586 sm_90 and 90 sm_90a binaries, 176 BEAM results.
 
   python scripts/build_cache.py --device CUDA --without-stored   # the Llama-3.2-1B engines of BENCHMARKS.md's throughput and latency commands
   python scripts/build_cache.py --device CUDA --config llama-3.1-8b --extend --without-stored   # add the 8B engines to the shipped file
