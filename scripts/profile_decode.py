@@ -7,7 +7,8 @@ from scripts.bench import model_folder   # noqa: E402  (same model / dummy-confi
 from tinygrad.helpers import Context  # noqa: E402
 from tinyvllm import LLM, SamplingParams  # noqa: E402
 
-LINE = re.compile(r"\*\*\* +\S+ +\d+ +(\S+) +arg +\d+ mem +[\d.]+ GB tm +([\d.]+)(us|ms|s)/.*?\( *([\d.]+) GFLOPS +([\d.]+)\|")
+# tinygrad prints TFLOPS and TB/s from 100 TFLOPS and 10 TB/s on (the tensor-core GEMMs), GFLOPS and GB/s below
+LINE = re.compile(r"\*\*\* +\S+ +\d+ +(\S+) +arg +\d+ mem +[\d.]+ GB tm +([\d.]+)(us|ms|s)/.*?\( *([\d.]+) ([GT])FLOPS +([\d.]+)\|[\d. ]*([GT])B/s")
 
 def profile(llm, batch:int, ctx:int, prefill:bool) -> list[tuple]:
   """Kernels of one decode step of `batch` sequences at `ctx` tokens of context, or (prefill) of one step prefilling `batch` x `ctx` tokens."""
@@ -21,7 +22,8 @@ def profile(llm, batch:int, ctx:int, prefill:bool) -> list[tuple]:
   kernels = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])   # count, seconds, GFLOP, GB
   for m in LINE.finditer(re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())):
     t = float(m[2]) * {"us": 1e-6, "ms": 1e-3, "s": 1}[m[3]]
-    k = kernels[m[1]]; k[0] += 1; k[1] += t; k[2] += float(m[4]) * t; k[3] += float(m[5]) * t
+    unit = lambda prefix: 1e3 if prefix == "T" else 1
+    k = kernels[m[1]]; k[0] += 1; k[1] += t; k[2] += float(m[4]) * unit(m[5]) * t; k[3] += float(m[6]) * unit(m[7]) * t
   return sorted(((name, *v) for name, v in kernels.items()), key=lambda r: -r[2])
 
 if __name__ == "__main__":
