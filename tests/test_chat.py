@@ -148,7 +148,7 @@ def test_prompt_matches_transformers(base, name, tool_format, kwargs):
   tok, hf = Tokenizer(str(path)), transformers.AutoTokenizer.from_pretrained(str(path))
   for tools, choice in ((TOOLS, "auto"), (TOOLS, "required"), (TOOLS, "none"), (None, None)):
     body = {"messages": CONVERSATION, "tools": tools, "tool_choice": choice, "chat_template_kwargs": kwargs}
-    prompt, grammar, parser = request(tok, lambda: grammar_tokenizer(tok, tok.hf.get_vocab_size()), body)
+    prompt, grammar, parser = request(tok, grammar_tokenizer(tok, tok.hf.get_vocab_size()), body)
     hf_ids = hf.apply_chat_template(hf_messages(CONVERSATION), tools=tools if choice != "none" else None, add_generation_prompt=True,
                                     return_dict=True, **kwargs)["input_ids"]
     assert prompt == list(hf_ids), (name, choice)
@@ -176,14 +176,14 @@ def test_llama3_forced_call_grammar_on_its_vocabulary(llama3_dir):
   tok = Tokenizer(str(llama3_dir))   # tokenizer.json made from Meta's ranks file (conftest.py)
   gt = grammar_tokenizer(tok, 128256)
   body = {"messages": [{"role": "user", "content": "Time in CET?"}], "tools": TOOLS}
-  grammar = request(tok, lambda: gt, body | {"tool_choice": {"type": "function", "function": {"name": "get_time"}}})[1]["grammar"]
+  grammar = request(tok, gt, body | {"tool_choice": {"type": "function", "function": {"name": "get_time"}}})[1]["grammar"]
   def accepts(text):
     matcher = LLMatcher(gt, grammar, log_level=0)
     return all(matcher.consume_token(t) for t in tok.encode(text, add_special_tokens=False)) and matcher.is_accepting()
   assert accepts('{"name": "get_time", "parameters": {"zone": "CET"}}')
   assert not accepts('{"name": "get_weather", "parameters": {"zone": "CET"}}') and not accepts('{"name": "get_time", "parameters": {"zone": 5}}')
   assert not accepts('<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
-  required = request(tok, lambda: gt, body | {"tool_choice": "required"})[1]["grammar"]
+  required = request(tok, gt, body | {"tool_choice": "required"})[1]["grammar"]
   assert "get_weather" in required and "get_time" in required and "<tool_call>" not in required
 
 # ---- live servers: the official openai client against a random-weight Qwen2 ---------------------------------------------------------------

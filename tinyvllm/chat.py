@@ -38,7 +38,7 @@ def checked_messages(messages) -> list[dict]:
 def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, typing.Callable[..., "OutputParser"]]:
   """The prompt (tools reach the template as transformers passes them; tool_choice "none" passes none); what the sampler must produce:
   response_format, vLLM's structured_outputs, or a forced tool call (tool_choice "required" or a named function, as vLLM does), compiled
-  here so that a bad one is a 400 before any stream (grammar_tokenizer() gives llguidance's); and a factory of per-choice OutputParsers."""
+  here so that a bad one is a 400 before any stream; and a factory of per-choice OutputParsers."""
   tool_format = "hermes" if "<tool_call>" in (template := tokenizer.chat_template_text) else "json" if '"parameters"' in template else None
   tools, choice, template_kwargs = body.get("tools") or [], body.get("tool_choice") or "auto", body.get("chat_template_kwargs") or {}
   try: schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools if t["type"] == "function"}
@@ -66,7 +66,7 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   try:   # OpenAI's response_format as vLLM's structured outputs
     if kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
     if forced: structured = {"grammar": tool_grammar(tokenizer, tool_format, forced, thinking, parallel=not named)}
-    if structured: compile_grammar(structured, grammar_tokenizer())
+    if structured: compile_grammar(structured, grammar_tokenizer)
   except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
     raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
   return prompt, structured, functools.partial(OutputParser, calls and tool_format, "<think>" in template, thinking, tokenizer)

@@ -32,9 +32,7 @@ class LLMEngine:
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
     # requests: request id -> its sequences (n of them for n > 1); in_flight: the launched step's sampling sequences and the tokens they
     # get, still on the GPU
-    self.requests, self.in_flight = {}, ([], None)
-
-  def grammar_tokenizer(self): return grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])   # llguidance's, on first use
+    self.requests, self.in_flight, self.grammar_tokenizer = {}, ([], None), grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams) -> tuple[list[int], str | None]:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
@@ -45,7 +43,7 @@ class LLMEngine:
       raise ValueError(f"a prompt is a string, a list of token ids in [0, {vocab_size}), {{'prompt': str}} or {{'prompt_token_ids': [int, ...]}}")
     if not 0 < len(ids) < self.config.max_model_len:
       raise ValueError(f"prompt has {len(ids)} tokens; it must have between 1 and {self.config.max_model_len - 1} (max_model_len)")
-    return ids, params.structured_outputs and compile_grammar(params.structured_outputs, self.grammar_tokenizer())
+    return ids, params.structured_outputs and compile_grammar(params.structured_outputs, self.grammar_tokenizer)
 
   def add_request(self, prompt:str|list[int]|dict, params:SamplingParams, request_id:str|None=None) -> str:
     ids, grammar = self.check(prompt, params)
@@ -53,7 +51,7 @@ class LLMEngine:
     # forked siblings get distinct seeds, so n > 1 with one seed still gives n different samples; the step buffer carries 31 bits
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31); parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
     seqs = [parent] + [Sequence(request_id, ids, params, i, parent, (seed + i) & 0x7fffffff) for i in range(1, params.n)]
-    for seq in seqs: seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer(), grammar)
+    for seq in seqs: seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
     self.requests[request_id] = seqs; self.scheduler.waiting.extend(seqs); return request_id
 
   def abort(self, request_id:str):

@@ -14,9 +14,9 @@ GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, de
             # llguidance's own builder: a regex, a Lark or GBNF grammar, a list of strings to choose from
             **{kind: functools.partial(llguidance.grammar_from, kind) for kind in ("regex", "grammar", "choice")}}
 
-# llguidance's view of the vocabulary (it reads the tokenizer.json itself), one per model and logits width, built on first use as vLLM
-# builds its grammar backend: 1-2 s at 128k tokens (1.3 s of a warm H100 server's start), which a start need not wait for
-grammar_tokenizer = functools.cache(lambda tok, n_vocab: llguidance.LLTokenizer(tok.hf.to_str(), n_vocab=n_vocab, eos_token=sorted(tok.eos_ids)))
+def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
+  """llguidance's view of the vocabulary (it reads the tokenizer.json itself), built once per model (~0.4 s at 128k tokens)."""
+  return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))
 
 def compile_grammar(structured_outputs:dict, tokenizer:llguidance.LLTokenizer) -> str:
   """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} as a checked grammar."""
