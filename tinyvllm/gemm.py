@@ -107,11 +107,13 @@ def _gemv_kernel(Y:UOp, X:UOp, W:UOp, *experts:UOp, lanes:int, rows:int, vec:int
   return Y[m, n].store(acc.cast(Y.dtype)).end(m, r).end(lane, block).sink(arg=KernelInfo(name=f"gemv{'_moe' * bool(experts)}_{M}_{N}_{W.shape[1]}",
     opts_to_apply=(), estimates=Estimates(ops=2*M*N*K, mem=N*K*dtype.itemsize*(M if experts else 1))), tag=1)
 
-def gemv(x:Tensor, w:Tensor, lanes:int, rows:int, vec:int, experts:Tensor|None=None) -> Tensor:
+def gemv(x:Tensor, w:Tensor, lanes:int, rows:int, vec:int, *experts:Tensor) -> Tensor:
   """x (M, K) @ w (N, K).T; with experts (A,) int32, w (E, N, K): row a is x's row a // (A / M) times expert experts[a]'s w."""
-  fxn, rows_out = functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec), x.shape[0] if experts is None else experts.shape[0]
-  extra = () if experts is None else (experts,)
-  return Tensor.empty(rows_out, w.shape[-2], dtype=x.dtype, device=x.device).custom_kernel(x, w.reshape(-1, w.shape[-1]), *extra, fxn=fxn)[0]
+  fxn, rows_out = functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec), experts[0].shape[0] if experts else x.shape[0]
+  return Tensor.empty(rows_out, w.shape[-2], dtype=x.dtype, device=x.device).custom_kernel(x, w.reshape(-1, w.shape[-1]), *experts, fxn=fxn)[0]
+
+def hopper(device) -> bool:   # a GPU the wgmma kernel runs on: sm_90 under CUDA (tinygrad's NV backend does not run Hopper); SM90A_GEMM=0: none
+  return str(device).startswith("CUDA") and Device[device].renderer.target.arch == "sm_90" and os.getenv("SM90A_GEMM") != "0"
 
 def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:Tensor|None=None) -> Tensor:
   """x (M, K) @ w (N, K).T: decode-sized M through our GEMV on every device; larger M on a Hopper GPU under CUDA through our wgmma kernel
@@ -119,9 +121,8 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   MoE, w (E, N, K) a layer's stacked experts: experts (A,) the expert of each output row (see gemv), through the GEMV where K fills its
   words; or (tiles, T) the expert of each tile of T rows of x (larger steps), so that a tile reads its expert once: on Hopper through the
   wgmma kernel (T = 64, its tile), elsewhere through tinygrad's matmul with the gather of w folded into its loads."""
-  (M, K), N, dev, lanes = x.shape, w.shape[-2], Device[x.device], 32 if Device[x.device].renderer.has_local else 1
-  wgmma = isinstance(x.device, str) and x.device.split(":")[0] == "CUDA" and dev.renderer.target.arch == "sm_90" and os.getenv("SM90A_GEMM") != "0" \
-    and x.dtype == w.dtype == dtypes.bfloat16 and K % 64 == 0 and K >= 512 and N % 128 == 0
+  (M, K), N, lanes = x.shape, w.shape[-2], 32 if Device[x.device].renderer.has_local else 1
+  wgmma = hopper(x.device) and x.dtype == w.dtype == dtypes.bfloat16 and K % 64 == 0 and K >= 512 and N % 128 == 0
   # the GEMV below 4 rows beside wgmma, whose 64-row tiles read W faster from there on (scripts/bench_gemv.py on an H100)
   vec = next((v for v in (4, 2, 1) if x.dtype == w.dtype and K * x.dtype.itemsize % (4 * lanes * v) == 0), 0)   # words per load; 0: no GEMV
   # MoE tiles: on Hopper, tiles of 64 rows are wgmma's, each reading the rows of its own expert. Elsewhere realized at the tiles' shape: the
@@ -132,9 +133,10 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
     return (rows_x @ w[experts].transpose(-1, -2)).contiguous().reshape(-1, N)
   # 2 rows of W per lane from 4 rows of x, and for the experts' rows (the down projection's short K read 1.4x faster so at batch 1)
   rows = 2 if (M >= 4 or experts is not None) and N % 2 == 0 else 1
-  if experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec: return gemv(x, w, lanes, rows, vec, experts)
+  # MoE: the experts our kernels take, of each row (GEMV) or of each tile (wgmma)
+  ids = () if experts is None else (experts if experts.ndim == 1 else experts[:, 0].contiguous(),)
+  if experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec: return gemv(x, w, lanes, rows, vec, *ids)
   if not wgmma: return x @ w.T
-  ids = () if experts is None else (experts[:, 0].contiguous(),)   # MoE: the expert of each tile
   BM, BN, ST, S = cfg or ((64, 128, 8, 1) if ids else plan(M, N, K))
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result)
   out = Tensor.empty(*(S,)*(S > 1), M, N, dtype=dtypes.float if S > 1 else x.dtype, device=x.device)

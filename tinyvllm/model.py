@@ -112,12 +112,12 @@ class Transformer:
     return gemm.matmul(self.norm(x, self.w["model.norm.weight"])[rows], self.lm_head).float()
 
   def experts(self, x:Tensor, p:str, T:int=64) -> Tensor:
-    """The sparse MoE block, exact (every token keeps its k experts; no capacity drops). Decode-sized steps (under 32 rows per expert on
-    average) run a row per (token, expert) assignment through gemm's GEMV, each row reading only its expert's rows of the stacked weights;
-    a step's rows of one expert meet in L2, as a block of W's rows is read by all of them at once. Larger steps are vLLM's fused_moe: the
-    N*k assignments sorted by expert (a counting sort) into tiles of T rows (64: a tile of gemm's wgmma kernel on Hopper), each tile padded
-    and owned by one expert, so a chosen expert's weights are read once per tile of its tokens, not once per token. Which is faster where:
-    BENCHMARKS.md."""
+    """The sparse MoE block, exact (every token keeps its k experts; no capacity drops). Decode-sized steps (under 4 rows per expert on
+    average where the tiles run on Hopper's wgmma, 32 elsewhere) run a row per (token, expert) assignment through gemm's GEMV, each row
+    reading only its expert's rows of the stacked weights; a step's rows of one expert meet in L2, as a block of W's rows is read by all of
+    them at once. Larger steps are vLLM's fused_moe: the N*k assignments sorted by expert (a counting sort) into tiles of T rows (64: a
+    tile of gemm's wgmma kernel on Hopper), each tile padded and owned by one expert, so a chosen expert's weights are read once per tile of
+    its tokens, not once per token. Which is faster where: BENCHMARKS.md."""
     c, (N, D), arange = self.hf_config, x.shape, Tensor.arange
     E, k, A, i = c["num_experts"], c["num_experts_per_tok"], N * c["num_experts_per_tok"], arange(c["num_experts"])
     # router: softmax over all E logits in float32, then the top k (rank = how many experts beat one; ties go to the lower id, as torch.topk's)
@@ -127,13 +127,16 @@ class Transformer:
     if c["norm_topk_prob"]: weights = weights / weights.sum(-1, keepdim=True)
     stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)   # (E, rows, cols)
     # inputs: x's row of each output row; owner: the expert of each row (decode), or of each tile of T rows
-    if A < 32 * E: inputs, owner, dest = x, sel.flatten(), None
+    # the tiles pay from ~4 rows per expert on average on wgmma (Hopper, bf16), from ~32 on tinygrad's matmul (BENCHMARKS.md)
+    if A < (4 if gemm.hopper(x.device) and x.dtype == dtypes.bfloat16 else 32) * E: inputs, owner, row_of = x, sel.flatten(), None
     else:
-      onehot, tiles = sel.flatten().unsqueeze(1) == i, A // T + min(E, A)   # (A, E); tiles: each expert's whole ones and at most one partial
-      ends = (padded := (onehot.sum(0) + T - 1) // T * T).cumsum()   # each expert's rows end where its padded tiles do
-      dest = (onehot * (onehot.cumsum(0) + ends - padded)).sum(1) - 1   # (A,) the row of each assignment
-      inputs = x[((dest == arange(tiles * T).unsqueeze(1)) * (arange(A) // k)).sum(1)]   # (tiles*T, D): each row's token (padding: token 0)
+      # counted per token, not per assignment: a token picks an expert at most once, so each scan below covers N rows, not N*k
+      chosen, tiles = (sel.unsqueeze(-1) == i).sum(1), A // T + min(E, A)   # (N, E) 0/1; tiles: each expert's whole ones and at most one partial
+      ends = (padded := (chosen.sum(0) + T - 1) // T * T).cumsum()   # each expert's rows end where its padded tiles do
+      row_of = ends - padded + chosen.cumsum(0) - 1   # (N, E): the row of token n's assignment to expert e, the expert's tokens in order
       owner = (ends <= arange(tiles).unsqueeze(1) * T).sum(1).minimum(E - 1).reshape(tiles, 1).expand(tiles, T)
+      # each row's token: how many of its expert's tokens have rows before it (a padding row counts them all: N, which reads zeros)
+      inputs = x[(row_of.T[owner.flatten()] < arange(tiles * T).unsqueeze(1)).sum(1)]   # (tiles*T, D)
     gate, up = gemm.matmul(inputs, stacked("experts.gate_up.weight", -1, D), experts=owner).chunk(2, -1)
     y = gemm.matmul((gate.silu() * up).contiguous(), stacked("experts.down.weight", D, -1), experts=owner)   # (A or tiles*T, D)
-    return ((y if dest is None else y[dest]).reshape(N, k, D) * weights.cast(y.dtype).unsqueeze(-1)).sum(1)
+    return ((y if row_of is None else y[row_of.gather(-1, sel)]).reshape(N, k, D) * weights.cast(y.dtype).unsqueeze(-1)).sum(1)
