@@ -23,6 +23,8 @@ fails while the shipped file lacks it: a change to a kernel comes with a rebuild
 again on 2026-11-26 for a834caf (the sampler's argmax, q/k/v read in place), in two calls (the second command alone took 256 s): 0.61 MB,
 1,928 sm_90 and 84 sm_90a binaries, 176 BEAM results. Rebuilt so for f659d84 (the wgmma kernel with an expert per tile; every wgmma
 kernel's source changed), two calls of 245 s and 338 s: 0.44 MB, 1,586 sm_90 and 90 sm_90a binaries, 176 BEAM results.
+Rebuilt so for 9970ecc (the MoE routing counted per token; on Hopper the 30B's steps from 64 tokens take the wgmma tiles), two
+calls of 198 s and 259 s: 0.44 MB, 1,611 sm_90 and 96 sm_90a binaries, 176 BEAM results.
 
   python scripts/build_cache.py --device CUDA --without-stored   # the Llama-3.2-1B engines of BENCHMARKS.md's throughput and latency commands
   python scripts/build_cache.py --device CUDA --config llama-3.1-8b --extend --without-stored   # add the 8B engines to the shipped file
