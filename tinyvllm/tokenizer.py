@@ -44,12 +44,10 @@ class Tokenizer:
       except Exception: return streams.append(tokenizers.decoders.DecodeStream(skip_special_tokens=True)) or streams[-1].step(self.hf, token)
     return step
 
-  def apply_chat_template(self, messages:list[dict], add_generation_prompt:bool=True, **template_kwargs) -> str:   # tools=, enable_thinking=
+  def encode_chat(self, messages:list[dict], add_generation_prompt:bool=True, **template_kwargs) -> list[int]:   # tools=, enable_thinking=
+    """The conversation as the model's chat template renders it (a base model's: the contents a line each), as token ids; BOS is added
+    only where the template has not written it."""
     messages = [m | {"content": _text(m["content"])} if "content" in m else m for m in messages]
-    if self.chat_template is None: return "\n".join(m.get("content") or "" for m in messages)  # base model: plain text
-    return self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", **template_kwargs)
-
-  def encode_chat(self, messages:list[dict], **template_kwargs) -> list[int]:
-    text = self.apply_chat_template(messages, **template_kwargs)
+    text = self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token or "",
+      eos_token=self.eos_token or "", **template_kwargs) if self.chat_template is not None else "\n".join(m.get("content") or "" for m in messages)
     return self.encode(text, add_special_tokens=not (self.bos_token and text.startswith(self.bos_token)))
