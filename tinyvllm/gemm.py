@@ -16,6 +16,8 @@ from tinygrad.renderer import Estimates
 # - main loop: after the wait and the barrier, stage kt has landed and every warpgroup has retired the wgmma group that read stage kt-2,
 #   so that slot is refilled. cp.async writes through the generic proxy and wgmma reads through the async one, hence the proxy fence.
 # - store: a warp holds 16 rows of its warpgroup's 64; a lane rows lane/4 (+8), columns 2*(lane%4)+{0,1} of each 8.
+# - MoE: a CTA reads the rows of W of its tile's expert X[blockIdx.x]; a tile of expert -1 (padding past the last expert's rows, see
+#   Transformer.experts) exits at once.
 SRC = r"""typedef unsigned short u16; typedef unsigned u32; constexpr int NT = BM/64*128, SB = (BM+BN)*128;
 __device__ __forceinline__ void load(u32 s, const u16 *A, const u16 *W, int m0, int n0, int k0) {
   for (int i = threadIdx.x; i < (BM+BN)*8; i += NT) {
@@ -27,6 +29,7 @@ __device__ __forceinline__ void load(u32 s, const u16 *A, const u16 *W, int m0, 
 }
 __device__ __forceinline__ unsigned long long desc(u32 s) { return (s & 0x3FFFF) >> 4 | 1ull << 16 | 64ull << 32 | 1ull << 62; }
 extern "C" __global__ void __launch_bounds__(NT, 228*1024/(ST*SB+2048)) NAME(void *C, const u16 *A, const u16 *W EXPERTS) {
+  if (EXPERT < 0) return;
   W += (size_t)EXPERT*N*K;
   extern __shared__ char smem[]; const u32 s0 = ((u32)__cvta_generic_to_shared(smem) + 1023) & ~1023u;
   const int m0 = blockIdx.x*BM, n0 = blockIdx.y*BN, k0 = blockIdx.z*(K/S), wg = threadIdx.x/128;

@@ -134,7 +134,9 @@ class Transformer:
       chosen, tiles = (sel.unsqueeze(-1) == i).sum(1), A // T + min(E, A)   # (N, E) 0/1; tiles: each expert's whole ones and at most one partial
       ends = (padded := (chosen.sum(0) + T - 1) // T * T).cumsum()   # each expert's rows end where its padded tiles do
       row_of = ends - padded + chosen.cumsum(0) - 1   # (N, E): the row of token n's assignment to expert e, the expert's tokens in order
-      owner = (ends <= arange(tiles).unsqueeze(1) * T).sum(1).minimum(E - 1).reshape(tiles, 1).expand(tiles, T)
+      # a tile's expert: how many experts' rows end by its first row; -1 past the last one (padding, which the wgmma kernel skips and
+      # tinygrad's indexing reads as expert E-1)
+      owner = (((ends <= arange(tiles).unsqueeze(1) * T).sum(1) + 1) % (E + 1) - 1).reshape(tiles, 1).expand(tiles, T)
       # each row's token: how many of its expert's tokens have rows before it (a padding row counts them all: N, which reads zeros)
       inputs = x[(row_of.T[owner.flatten()] < arange(tiles * T).unsqueeze(1)).sum(1)]   # (tiles*T, D)
     gate, up = gemm.matmul(inputs, stacked("experts.gate_up.weight", -1, D), experts=owner).chunk(2, -1)
