@@ -1,4 +1,4 @@
-import collections, hashlib
+import collections, hashlib, itertools
 from tinyvllm.sequence import Sequence
 
 # a full block's identity chains over everything before it, so equal hashes mean equal prefixes (sha256: collisions can't mix up outputs)
@@ -24,11 +24,9 @@ class BlockManager:
 
   def cached_prefix(self, seq:Sequence) -> list[int]:
     """Cached blocks matching the start of seq; the last token is always left to compute, since its logits are needed."""
-    blocks, prev = [], b""
-    for j in range((len(seq) - 1) // self.block_size if self.caching else 0):
-      if (b := self.cached.get(prev := block_hash(prev, seq.token_ids[j*self.block_size:(j+1)*self.block_size]))) is None: break
-      blocks.append(b)
-    return blocks
+    chunks = (seq.token_ids[j*self.block_size:(j+1)*self.block_size] for j in range((len(seq) - 1) // self.block_size if self.caching else 0))
+    hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)   # each full block's chained hash, lazily
+    return list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))   # up to the first block not cached
 
   def allocate(self, seq:Sequence, shared:list[int]|None=None) -> bool:
     """Admit seq: share `shared` (a forked parent's blocks) or its cached prefix, and take fresh blocks for the rest of its tokens."""

@@ -44,10 +44,9 @@ class Scheduler:
   def receive(self, seqs:list[Sequence], rows:np.ndarray) -> list[tuple[Sequence, np.ndarray, int]]:
     """A step's tokens (each row's first entry) replace their placeholders before the next step's launch, which reads them (and their
     grammars' masks). Returns (sequence, row, its length with the token) for each token kept."""
-    kept = []
     # not a sequence the step before stopped
-    for seq, row in ((seq, row) for seq, row in zip(seqs, rows) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1):
-      seq.token_ids[-1] = token = int(row[0]); seq.matcher and seq.matcher.consume_token(token); kept.append((seq, row, len(seq)))
+    kept = [(seq, row, len(seq)) for seq, row in zip(seqs, rows) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1]
+    for seq, row, _ in kept: seq.token_ids[-1] = token = int(row[0]); seq.matcher and seq.matcher.consume_token(token)
     return kept
 
   def check_stop(self, seq:Sequence, row:np.ndarray, length:int) -> CompletionOutput:
