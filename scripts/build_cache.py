@@ -27,6 +27,8 @@ Rebuilt so for 9970ecc (the MoE routing counted per token; on Hopper the 30B's s
 calls of 198 s and 259 s: 0.44 MB, 1,611 sm_90 and 96 sm_90a binaries, 176 BEAM results.
 Rebuilt so for the MoE padding tiles skipped by the wgmma kernel (every wgmma kernel's source changed), both commands in one call
 (225 s and 319 s): 0.44 MB, 1,611 sm_90 and 96 sm_90a binaries, 176 BEAM results.
+Rebuilt so for the attention merge's weighted sum in two rounds (new tinygrad kernels in every small decode step), two calls of 245 s
+and 328 s: 0.50 MB, 1,932 sm_90 and 96 sm_90a binaries, 178 BEAM results.
 
   python scripts/build_cache.py --device CUDA --without-stored   # the Llama-3.2-1B engines of BENCHMARKS.md's throughput and latency commands
   python scripts/build_cache.py --device CUDA --config llama-3.1-8b --extend --without-stored   # add the 8B engines to the shipped file

@@ -59,6 +59,19 @@ def test_paged_attention(mode, G, D, dt, monkeypatch):
     np.testing.assert_allclose(out.numpy()[:n_real], ref_attention(q, kp, vp, bt, ts, cl)[:n_real], atol=TOL[dt], rtol=0)
   assert step.cnt == 4
 
+@pytest.mark.parametrize("max_blocks", [64, 128])
+def test_paged_attention_of_many_chunks(max_blocks):
+  # long block tables give 32 and 64 chunks a row at this batch, whose weighted sum runs in two rounds (8 groups, then their sums)
+  rng, D, G, rows = np.random.default_rng(max_blocks), 128, 4, np.arange(S)
+  kp, vp = (rng.standard_normal((S*max_blocks*BS, KVH, D)).astype(np.float32) for _ in range(2))
+  bt = rng.permutation(S*max_blocks).reshape(S, max_blocks).astype(np.int32)
+  cl = np.array([1, 7, max_blocks*BS // 2 + 3, max_blocks*BS], np.int32)   # one decode row per sequence, its context length
+  slots = bt[rows, (cl - 1) // BS] * BS + (cl - 1) % BS
+  q = rng.standard_normal((S, KVH*G, D)).astype(np.float32)
+  qkv = Tensor(np.concatenate([q, kp[slots], vp[slots]], axis=1))
+  out = paged_attention(qkv, Tensor(kp), Tensor(vp), Tensor(bt), Tensor(rows.astype(np.int32)), Tensor(cl - 1), Tensor(cl - 1), BS).numpy()
+  np.testing.assert_allclose(out, ref_attention(q, kp, vp, bt, rows, cl), atol=1e-5, rtol=0)
+
 @pytest.mark.parametrize("mode,dt", [("kernel", dtypes.float32), ("kernel", dtypes.float16), ("kernel+dense", dtypes.float16)])
 def test_kv_write_then_attention(mode, dt, monkeypatch):
   # the runner's pattern: pools are long-lived buffers, each step writes new K/V at its slots, then attends through the returned pools
