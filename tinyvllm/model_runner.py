@@ -90,20 +90,20 @@ class ModelRunner:
     except Exception as e:
       raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
 
-  def forward(self, step_buffer:Tensor, num_tokens:int, num_rows:int) -> Tensor:
+  def forward(self, num_tokens:int, num_rows:int) -> Tensor:
     """The decoder over the step's tokens; returns the logits of the rows that sample."""
-    inputs = {name: step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
+    inputs = {name: self.step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     attention = lambda layer, qkv: paged_attention(qkv, *kv_write(*self.kv[layer], inputs["slots"], qkv), block_tables, inputs["token_seq"],
                                                    inputs["positions"], inputs["cached_lens"], self.config.block_size)
     return self.model(inputs["tokens"], inputs["positions"], attention, inputs["logits_idx"])   # only the rows that sample
 
-  def sample(self, step_buffer:Tensor, logits:Tensor, allowed:Tensor|None=None, *, with_logprobs:bool) -> Tensor:
+  def sample(self, logits:Tensor, allowed:Tensor|None=None, *, with_logprobs:bool) -> Tensor:
     """Sampling is a graph of its own in three variants: the filtering one (grammar masks, top-k, top-p) costs several passes over the
     vocabulary, and logprobs (with filters) many more, so a batch whose requests use none of them runs the plain one. It reads the logits'
     rows and no per-token input: one graph serves every token bucket with that many rows. Returns a row per sampled token: the token, then
     its logprobs where asked."""
-    inputs = {name: step_buffer[where] for name, where in step_layout(0, logits.shape[0], self.max_blocks).items()}
+    inputs = {name: self.step_buffer[where] for name, where in step_layout(0, logits.shape[0], self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
     tokens = sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters)
@@ -143,11 +143,13 @@ class ModelRunner:
     # step waits for no capture; with none, its own is captured now
     own = (filtered, with_logprobs)
     if batch: filtered, with_logprobs = next((v for v in (own, (True, with_logprobs), (True, True)) if ("sampler", *v, num_rows) in self.graphs), own)
-    def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit over the step buffer; the sizes (ints) are baked in at capture
-      # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load): prune
-      # moves the graph's constant kernels (aranges) out to run once at capture
-      if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn, prune=True); jit.cnt = 1
-      return (fxn if self.config.enforce_eager else jit)(self.step_buffer, *args, **sizes)
+    def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit; the sizes (ints) are baked in at capture
+      # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load). The step
+      # buffer is read where it lies, not passed in: tinygrad rewrites every graph node that reads an input at each replay (tinygrad
+      # internals: its CUDA graph), hundreds a step for a 48-layer model, host time the GPU waits for. So the graph keeps its constant
+      # kernels too (TinyJit's prune would take every kernel of the step buffer for a constant)
+      if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn); jit.cnt = 1
+      return (fxn if self.config.enforce_eager else jit)(*args, **sizes)
     def launch() -> Tensor:
       rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
