@@ -29,7 +29,8 @@ if __name__ == "__main__":
   from tinygrad import Device
   args.model = None
   folder, fmt = model_folder(args)
-  llm, rng, libcuda = LLM(folder, device="CUDA", load_format=fmt, kv_cache_memory=args.kv_cache_memory), np.random.default_rng(0), ctypes.CDLL("libcuda.so.1")
+  llm = LLM(folder, device="CUDA", load_format=fmt, kv_cache_memory=args.kv_cache_memory)
+  rng, libcuda = np.random.default_rng(0), ctypes.CDLL("libcuda.so.1")
   eng, sync = llm.engine, lambda: Device["CUDA"].synchronize()
   if args.step == "decode":
     eng.add_request(rng.integers(0, 10000, 200).tolist(), SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
