@@ -33,11 +33,10 @@ def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(t
 OWN_CACHES = """
 import json, sqlite3, sys, tinygrad.helpers
 from tinyvllm import LLM
-from tinyvllm.config import BUNDLED_MODEL
-from tinyvllm.model import read_config
-if len(sys.argv) > 1: LLM(sys.argv[1], device="CPU", max_num_seqs=4, max_num_batched_tokens=16)   # another engine first, in this process
-LLM(device="CPU", max_num_seqs=4, max_num_batched_tokens=16)
-db, key = sqlite3.connect(tinygrad.helpers.CACHEDB), f"CPU {read_config(BUNDLED_MODEL)}"
+budget, *other = sys.argv[1:]
+if other: LLM(other[0], device="CPU", max_num_seqs=4, max_num_batched_tokens=16)   # another engine first, in this process
+llm = LLM(device="CPU", max_num_seqs=4, max_num_batched_tokens=int(budget))
+db, key = sqlite3.connect(tinygrad.helpers.CACHEDB), llm.engine.runner.cache_key
 table = next(t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE name LIKE 'tinyvllm_caches%'"))
 print(json.dumps({k: db.execute(f"SELECT length(val) FROM '{table}' WHERE key = ?", (k,)).fetchone()[0] for k in (key, key + " ready")}))
 """
@@ -53,12 +52,25 @@ def test_an_engine_stores_only_its_own_caches(tmp_path):
   json.dump(config | {"rms_norm_eps": 1e-6}, open(other / "config.json", "w"))   # another model to tinygrad: its own kernels and keys
   sizes = []
   for extra in ([], [str(other)]):
-    run = subprocess.run([sys.executable, "-c", OWN_CACHES, *extra], capture_output=True, text=True, timeout=900,
+    run = subprocess.run([sys.executable, "-c", OWN_CACHES, "16", *extra], capture_output=True, text=True, timeout=900,
                          env={**os.environ, "CACHEDB": str(tmp_path / f"{len(extra)}.db")})
     assert run.returncode == 0, run.stderr[-3000:]
     sizes.append(json.loads(run.stdout.splitlines()[-1]))
   alone, after_another = sizes
   assert all(0 < after_another[key] < 1.1 * alone[key] for key in alone), (alone, after_another)
+
+def test_engines_of_other_flags_store_apart(tmp_path):
+  """Each engine configuration keeps its stored caches under its own key: under one key per model, every start also read what the other
+  configurations had stored (the test suite's engines grew the bundled model's first-graphs entry to 4.6 MB, 1.3 s of a CPU start)."""
+  def sizes(budget:int, db:str) -> dict:
+    run = subprocess.run([sys.executable, "-c", OWN_CACHES, str(budget)], capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "CACHEDB": db})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.splitlines()[-1])
+  alone, shared = sizes(16, str(tmp_path / "alone.db")), str(tmp_path / "shared.db")
+  sizes(8, shared)   # another token budget first, into the same cache.db
+  after_another = sizes(16, shared)
+  assert after_another.keys() == alone.keys() and all(0 < after_another[key] < 1.1 * alone[key] for key in alone), (alone, after_another)
 
 def test_the_shipped_cache_only_adds_rows_that_cache_db_lacks(tmp_path):
   """The shipped sm_90 kernels and BEAM results are SQL that ModelRunner runs on tinygrad's cache.db: it creates the tables it misses and

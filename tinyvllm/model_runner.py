@@ -37,9 +37,12 @@ class ModelRunner:
     # emptied first: what another engine of this process (a test suite, a notebook's second LLM) left in them would be stored under our
     # keys too (the bundled model's first-graphs entry: 0.71 MB alone, 5.0 MB after one other engine, 49 MB after the test suite)
     for cache in STORED_CACHES: cache.clear()
+    # by model and engine flags: under one key for all of a model's configurations (the test suite's engines) every start read every
+    # other configuration's entries too (the bundled model's first-graphs entry: 4.6 MB, 1.3 s of a 4.2 s CPU start; BENCHMARKS.md)
+    self.cache_key = f"{self.device} {hf_config} {config}"
     # before the weights (the kernels that load them are in them too), and only the part the first graphs use (see below): all of them
     # took 0.3-0.5 s to read here (CPU, bundled model), that part 0.02 s. The rest is read once the engine serves (capture_next)
-    for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {hf_config} ready") or ()): cache.update(stored)
+    for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.cache_key} ready") or ()): cache.update(stored)
     # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
     if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
     self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
@@ -77,7 +80,7 @@ class ModelRunner:
     units, first = [(n, *variant) for variant in ((0, 0), (1, 0), (1, 1)) for n in buckets], [(n, f, 0) for f in (0, 1) for n in (1, min(64, top))]
     self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
     while self.pending and self.pending[0] in first[:2]: self.capture_next()
-    if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.device} {hf_config} ready", STORED_CACHES)
+    if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.cache_key} ready", STORED_CACHES)
     self.stored = None
     log.info("ready after %.1f s: %d step graphs captured, %d more to capture", time.perf_counter() - start, len(self.graphs), len(self.pending))
 
@@ -171,7 +174,7 @@ class ModelRunner:
     """Capture the first pending unit, and return it (it stays pending until it is in); after the last, store the caches they filled. BEAM,
     when asked for, tunes only the decode-sized graphs."""
     if self.stored is None:   # the first unit after the engine's first graphs: the rest of the stored caches (see __init__)
-      for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.device} {self.hf_config}") or ()): cache.update(stored)
+      for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
       self.stored = list(map(len, STORED_CACHES))
     with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
     self.buckets = sorted({*self.buckets, unit[0]})   # each unit captures its bucket's model graph: steps may use the bucket now
@@ -179,5 +182,5 @@ class ModelRunner:
     # how many kernels they lowered and compiled says whether cache.db held them
     log.info("all %d step graphs captured: %d kernels lowered after the first ones", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])
     # written back only if this start-up added to them: pickling ~40 MB takes seconds
-    if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.device} {self.hf_config}", STORED_CACHES)
+    if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", self.cache_key, STORED_CACHES)
     return self.pending.pop(0)
