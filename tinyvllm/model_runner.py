@@ -20,8 +20,8 @@ def step_layout(num_tokens:int, num_rows:int, max_blocks:int) -> dict[str, slice
   return {name: slice(end - size, end) for (name, size), end in zip(sizes.items(), itertools.accumulate(sizes.values()))}
 
 # tinygrad schedules and lowers every kernel anew in each process (those caches live in memory): kept in its cache.db beside the compiled
-# binaries, by device and model shape, an earlier start-up's work is not done again (warm start-up, CPU, bundled model: 86-91 -> 17 s;
-# H100, Llama-3.2-1B shape: 97-112 -> 19-22 s). They are pickled tinygrad objects: see setup.py's pin
+# binaries, by device, model shape and engine flags, an earlier start-up's work is not done again (warm start-up, CPU, bundled model:
+# 86-91 -> 17 s; H100, Llama-3.2-1B shape: 97-112 -> 19-22 s). They are pickled tinygrad objects: see setup.py's pin
 STORED_CACHES = (tinygrad.schedule.schedule_cache, tinygrad.codegen.to_program_cache)
 # the compiled kernels and BEAM results of the benchmark engines on an H100 (scripts/build_cache.py makes it), as SQL that adds to tinygrad's
 # cache.db only the rows it lacks (CREATE TABLE IF NOT EXISTS, INSERT OR IGNORE): nothing the user's own cache holds is ever overwritten
