@@ -11,20 +11,24 @@ case, scheduled, capturing, capture, get_kernel_graph = json.loads(sys.argv[1]),
 tinygrad.schedule.get_kernel_graph = lambda *args, **kwargs: scheduled.append(1) or get_kernel_graph(*args, **kwargs)
 def counted(self): before = len(scheduled); capture(self); capturing.append(len(scheduled) - before)
 ModelRunner.capture_next = counted
-llm = LLM(device="CPU", max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128)
+llm = LLM(sys.argv[2] if len(sys.argv) > 2 else None, device="CPU", max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128)
 out = llm.generate([case["prompt_token_ids"]], SamplingParams(temperature=0, max_tokens=case["num_new_tokens"]), use_tqdm=False)[0]
 print(json.dumps({"scheduled_while_capturing": sum(capturing), "captures": len(capturing), "graphs": len(llm.engine.runner.graphs)}))
 print(json.dumps({"token_ids": out.outputs[0].token_ids, "text": out.outputs[0].text}))
 """
 
-def start_up(cache_db:str) -> dict:
-  run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASE)], capture_output=True, text=True, timeout=900,
+def start_up(cache_db:str, *model:str) -> dict:
+  run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASE), *model], capture_output=True, text=True, timeout=900,
                        env={**os.environ, "CACHEDB": cache_db})
   assert run.returncode == 0, run.stderr[-3000:]
   return {k: v for line in run.stdout.splitlines() if line.startswith("{") for k, v in json.loads(line).items()}
 
 def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(tmp_path):
-  first, second = start_up(str(tmp_path / "cache.db")), start_up(str(tmp_path / "cache.db"))
+  """The second start serves a copy of the bundled model from another folder: the stored caches are keyed by the model's config, not by
+  where it lies (bench.py makes a new folder for every run)."""
+  import shutil
+  from tinyvllm.config import BUNDLED_MODEL
+  first, second = start_up(str(tmp_path / "cache.db")), start_up(str(tmp_path / "cache.db"), shutil.copytree(BUNDLED_MODEL, tmp_path / "copy"))
   assert first["scheduled_while_capturing"] > 0 and second["scheduled_while_capturing"] == 0
   # 5 buckets (1-16) x 3 sampler variants: 5 model graphs, and 3 sampler graphs for each of the 3 row counts (1, 2, 4: max_num_seqs)
   assert first["captures"] == second["captures"] == 15 and first["graphs"] == second["graphs"] == 5 + 3 * 3

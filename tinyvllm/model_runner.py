@@ -37,9 +37,10 @@ class ModelRunner:
     # emptied first: what another engine of this process (a test suite, a notebook's second LLM) left in them would be stored under our
     # keys too (the bundled model's first-graphs entry: 0.71 MB alone, 5.0 MB after one other engine, 49 MB after the test suite)
     for cache in STORED_CACHES: cache.clear()
-    # by model and engine flags: under one key for all of a model's configurations (the test suite's engines) every start read every
-    # other configuration's entries too (the bundled model's first-graphs entry: 4.6 MB, 1.3 s of a 4.2 s CPU start; BENCHMARKS.md)
-    self.cache_key = f"{self.device} {hf_config} {config}"
+    # by model shape and engine flags: under one key for all of a model's configurations (the test suite's engines) every start read every
+    # other configuration's entries too (the bundled model's first-graphs entry: 4.6 MB, 1.3 s of a 4.2 s CPU start; BENCHMARKS.md). Not by
+    # folder: the same config.json elsewhere (a copy, bench.py's temporary folders) schedules the same kernels
+    self.cache_key = f"{self.device} {hf_config} {vars(config) | {'model': None}}"
     # before the weights (the kernels that load them are in them too), and only the part the first graphs use (see below): all of them
     # took 0.3-0.5 s to read here (CPU, bundled model), that part 0.02 s. The rest is read once the engine serves (capture_next)
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.cache_key} ready") or ()): cache.update(stored)
