@@ -142,9 +142,10 @@ def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_t
       return ids, max(np.diff(times))
     requests = [SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=32)]
     async def one_after_another(): return [await stream(params) for params in requests]
-    pending, at_ready = list(runner.pending), asyncio.run(one_after_another())
+    pending, graphs, at_ready = list(runner.pending), set(runner.graphs), asyncio.run(one_after_another())
     assert max(steps) == 64 and at_ready[0][1] < 1.5   # chunked to the largest bucket captured; the plain request waited for no capture
     assert runner.pending == pending   # the second request followed the first at once: no idle capture came between them
+    assert set(runner.graphs) == graphs   # nor one on the spot: the top-p request ran on a sampler captured before ready
   finally:   # every graph in before the test ends: an engine still capturing would share tinygrad with the next test's
     deadline = time.monotonic() + 300
     while runner.pending: assert time.monotonic() < deadline, runner.pending; time.sleep(0.1)
@@ -154,13 +155,13 @@ def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_t
 
 def test_a_batch_whose_sampler_is_not_captured_runs_a_richer_one():
   """A step whose sampler variant is not captured yet borrows a richer captured one (here a top-p request, whose filtering sampler is not
-  in, the logprobs one) rather than waiting for a capture, and draws the same tokens as with its own."""
+  in at ready, the logprobs one) rather than waiting for a capture, and draws the same tokens as with its own."""
   from tinyvllm import Config, SamplingParams
   from tinyvllm.llm_engine import LLMEngine
   engine = LLMEngine(Config(device="CPU", max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128, enable_prefix_caching=False))
   runner = engine.runner
-  # besides the first graphs (buckets 1 and 16, plain samplers), only the logprobs samplers of their row counts (1, 4)
-  for unit in ((1, 1, 1), (16, 1, 1)): runner.pending.sort(key=lambda pending: pending != unit); runner.capture_next()
+  # at ready: buckets 1 and 16, each with its plain and its logprobs sampler (row counts 1 and 4), not the filtering one
+  assert runner.buckets == [1, 16] and ("sampler", True, True, 4) in runner.graphs and ("sampler", True, False, 4) not in runner.graphs
   requests = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=12)]
   def run(params):
     engine.add_request(CASE["prompt_token_ids"][:12], params)
@@ -171,4 +172,4 @@ def test_a_batch_whose_sampler_is_not_captured_runs_a_richer_one():
   borrowed = [run(params) for params in requests]
   assert set(runner.graphs) == graphs   # no sampler was captured for them: the plain one is in, the filtering one borrowed
   while runner.pending: runner.capture_next()
-  assert ("sampler", False, False, 1) in runner.graphs and [run(params) for params in requests] == borrowed
+  assert ("sampler", True, False, 4) in runner.graphs and [run(params) for params in requests] == borrowed

@@ -76,11 +76,13 @@ class ModelRunner:
     self.no_grammar = functools.cache(lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).realize())
     # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
-    # server's idle time), their filtering samplers first (top-p, grammars). A step runs in the smallest captured bucket that holds it,
-    # so the token budget is the largest captured yet
-    units, first = [(n, *variant) for variant in ((0, 0), (1, 0), (1, 1)) for n in buckets], [(n, f, 0) for f in (0, 1) for n in (1, min(64, top))]
+    # server's idle time). A step runs in the smallest bucket that holds it whose plain and richest (logprobs) samplers are in: the
+    # richest serves any request (see prepare), so no step waits for a capture, and the token budget is the largest such bucket yet.
+    # Units are (tokens, filtered, with_logprobs); the filtering-only samplers, which only spare top-p and grammar steps the logprobs, last
+    units = [(n, f, f) for n in buckets for f in (0, 1)] + [(n, 1, 0) for n in buckets]
+    first = [(n, f, f) for n in (1, min(64, top)) for f in (0, 1)]
     self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
-    while self.pending and self.pending[0] in first[:2]: self.capture_next()
+    while self.pending and self.pending[0] in first: self.capture_next()
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.cache_key} ready", STORED_CACHES)
     self.stored = None
     log.info("ready after %.1f s: %d step graphs captured, %d more to capture", time.perf_counter() - start, len(self.graphs), len(self.pending))
@@ -178,7 +180,7 @@ class ModelRunner:
       for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
       self.stored = list(map(len, STORED_CACHES))
     with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
-    self.buckets = sorted({*self.buckets, unit[0]})   # each unit captures its bucket's model graph: steps may use the bucket now
+    if unit[1:] == (1, 1): self.buckets = sorted({*self.buckets, unit[0]})   # its richest sampler in (after its plain one): steps may use it
     if len(self.pending) > 1: return self.pending.pop(0)
     # how many kernels they lowered and compiled says whether cache.db held them
     log.info("all %d step graphs captured: %d kernels lowered after the first ones", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])
