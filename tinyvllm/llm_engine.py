@@ -145,7 +145,8 @@ class AsyncLLM:
         request_id, prompt, params = self.inbox.get()
         try: self.engine.add_request(prompt, params, request_id) if params else self.engine.abort(request_id)
         except Exception as e: outs.append((request_id, e))   # a request the engine refuses fails alone
-      # busy, with more sequences than the largest bucket captured holds: one capture's pause buys wider steps (the wider buckets first)
+      # busy, with more sequences than the largest bucket captured holds: a capture's pause between steps, the wider buckets first (two
+      # pauses buy a wider bucket: its plain sampler, then its richest)
       if runner.pending and len(scheduler.running) + len(scheduler.waiting) > runner.buckets[-1]:
         runner.pending.sort(key=lambda unit: unit[0] <= runner.buckets[-1])
         self.capture()

@@ -146,7 +146,7 @@ class ModelRunner:
     sampled = [batch[i][0] for i in row_seq]; with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
     filtered = filtered or with_logprobs or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
     # a step's sampler variant not captured yet: a richer one that is serves it (unused filters and logprob columns change nothing), so the
-    # step waits for no capture; with none, its own is captured now
+    # step waits for no capture (a bucket serves only once its richest is in: see __init__); an eager engine, with no graphs, runs its own
     own = (filtered, with_logprobs)
     if batch: filtered, with_logprobs = next((v for v in (own, (True, with_logprobs), (True, True)) if ("sampler", *v, num_rows) in self.graphs), own)
     def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit; the sizes (ints) are baked in at capture
