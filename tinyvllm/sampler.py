@@ -15,8 +15,8 @@ GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, de
             **{kind: functools.partial(llguidance.grammar_from, kind) for kind in ("regex", "grammar", "choice")}}
 
 def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
-  """llguidance's view of the vocabulary (it parses the tokenizer.json again itself), built once per model before the server answers:
-  at 128k tokens the largest single part of a warm start after the first graphs (BENCHMARKS.md, issue #40)."""
+  """llguidance's view of the vocabulary (it parses the tokenizer's JSON again itself), built once per model before the server answers:
+  at 128k tokens one of the largest parts of a warm start (BENCHMARKS.md, issue #40)."""
   return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))
 
 def compile_grammar(structured_outputs:dict, tokenizer:llguidance.LLTokenizer) -> str:
