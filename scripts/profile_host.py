@@ -34,7 +34,7 @@ if __name__ == "__main__":
     class Fake:
       def __init__(self, R): self.R = R
       def tolist(self): return rng.integers(3, 512, self.R).tolist()
-      def numpy(self): return rng.integers(3, 512, (self.R, 1)).astype(np.int32)   # rows of (token,): the engine since logprobs
+      def numpy(self): return rng.integers(3, 512, self.R).astype(np.int32)   # a token per row
     # the model graph gets its sizes as keywords (a partial's before the shared step buffer), the sampler graph the model's logits
     _TinyJit.__call__ = lambda self, *args, **kw: Fake(kw.get("num_rows") or getattr(self.fxn, "keywords", {}).get("num_rows") or args[1].R)
   Tensor.tolist = timed(Tensor.tolist, "wait for the GPU (tolist)", acc)

@@ -94,28 +94,6 @@ def test_chat(srv):
   r = srv.client.chat.completions.create(model=MODEL, messages=parts, max_tokens=7, temperature=0, extra_body={"ignore_eos": True})
   assert r.usage.prompt_tokens == len(prompt) and r.usage.completion_tokens == 7 and r.choices[0].finish_reason == "length"
 
-def test_logprobs(srv):
-  """logprobs and top_logprobs, OpenAI's shape, streamed or not: each token's logprob is the offline engine's (itself checked against
-  transformers in test_offline_api), its top_logprobs are sorted and hold it when it ranks; the text is the same as without them."""
-  kw = dict(model=MODEL, messages=MSGS, max_tokens=8, temperature=0)
-  plain = srv.client.chat.completions.create(**kw).choices[0]
-  c = srv.client.chat.completions.create(**kw, logprobs=True, top_logprobs=3).choices[0]
-  assert c.message.content == plain.message.content and plain.logprobs is None and len(c.logprobs.content) == 8
-  ids, _ = engine_generate(srv, srv.tok.encode_chat(MSGS), max_tokens=8, temperature=0)
-  for token, entry in zip(ids, c.logprobs.content):
-    assert entry.token == srv.tok.hf.decode([token], skip_special_tokens=False) and entry.bytes == list(entry.token.encode())
-    ranked = [t.logprob for t in entry.top_logprobs]
-    assert len(ranked) == 3 and ranked == sorted(ranked, reverse=True) and (entry.token, entry.logprob) == (entry.top_logprobs[0].token, ranked[0])
-  chunks = list(srv.client.chat.completions.create(**kw, logprobs=True, top_logprobs=3, stream=True))
-  assert [e.model_dump() for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content] == \
-         [e.model_dump() for e in c.logprobs.content]
-  only = srv.client.chat.completions.create(**kw, logprobs=True).choices[0].logprobs.content   # top_logprobs 0: the sampled tokens alone
-  assert [(e.token, e.logprob, e.top_logprobs) for e in only] == [(e.token, e.logprob, []) for e in c.logprobs.content]
-  for bad, param in [({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-                     ({"logprobs": "yes"}, "logprobs"), ({"logprobs": True, "top_logprobs": -1}, "top_logprobs")]:
-    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MSGS, "max_tokens": 2, **bad}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
-
 def test_stream(srv):
   kw = dict(model=MODEL, messages=MSGS, max_tokens=12, temperature=0)
   full = srv.client.chat.completions.create(**kw)
@@ -499,7 +477,8 @@ UNSUPPORTED = {  # OpenAI's and vLLM's fields that tinyvllm does not implement y
   "reasoning_effort": "high", "web_search_options": {}, "service_tier": "flex", "store": True, "metadata": {"k": "v"}, "best_of": 2,
   "use_beam_search": True, "echo": True, "guided_json": {"type": "object"}, "chat_template": "{{ x }}", "add_generation_prompt": False,
   "continue_final_message": True,
-  "skip_special_tokens": False, "prompt_logprobs": 1, "allowed_token_ids": [1, 2], "bad_words": ["x"]}
+  "skip_special_tokens": False, "prompt_logprobs": 1, "allowed_token_ids": [1, 2], "bad_words": ["x"],
+  "logprobs": True, "top_logprobs": 3}   # logprobs and top_logprobs: traded for tensor parallelism (README, "Not supported, and why")
 NO_OPS = {  # what real clients send by default: the same fields with values that change nothing
   "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "parallel_tool_calls": True,
   "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {}, "min_p": 0, "min_tokens": 0, "best_of": 1,

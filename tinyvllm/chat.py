@@ -69,7 +69,7 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
     if structured: compile_grammar(structured, grammar_tokenizer)
   except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
     raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
-  return prompt, structured, functools.partial(OutputParser, calls and tool_format, "<think>" in template, thinking, tokenizer)
+  return prompt, structured, functools.partial(OutputParser, calls and tool_format, "<think>" in template, thinking)
 
 def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:bool, parallel:bool) -> str:
   """Lark for llguidance that admits only calls of these functions in the template's markup (one, or several if parallel); %json embeds
@@ -83,15 +83,15 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
   return start + 'tool_call' + ' ("\\n" tool_call)*' * parallel + f'\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")}'
 
 class OutputParser:
-  """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning_content, content and tool_calls, and its tokens'
-  logprobs where asked. StreamRouter holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when
-  the choice ends: markup that does not parse is content. Llama 3's JSON form is a whole output that parses as one call (its
-  <|python_tag|> is a special token, so never in the text)."""
-  def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, tokenizer, index:int, top_logprobs:int | None):
+  """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning_content, content and tool_calls. StreamRouter
+  holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice ends: markup that does
+  not parse is content. Llama 3's JSON form is a whole output that parses as one call (its <|python_tag|> is a special token, so never in
+  the text)."""
+  def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, index:int):
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
     if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
-    self.index, self.top_logprobs, self.tokenizer, self.calls, self.finish_reason, self.stop_reason = index, top_logprobs, tokenizer, 0, None, None
-    self.message, self.logprobs = {"role": "assistant", "content": ""}, None if top_logprobs is None else []
+    self.index, self.calls, self.finish_reason, self.stop_reason = index, 0, None, None
+    self.message = {"role": "assistant", "content": ""}
 
   def feed(self, out) -> dict | None:
     """An engine output of this choice as its streamed choice, or None while there is nothing to say. The last one (finish_reason) sends
@@ -110,20 +110,13 @@ class OutputParser:
     merge(self.message, delta | {"tool_calls": [{k: v for k, v in c.items() if k != "index"} for c in delta.get("tool_calls", [])]})
     # a choice that called tools ends in "tool_calls"
     self.finish_reason, self.stop_reason = "tool_calls" if self.calls and out.finish_reason == "stop" else out.finish_reason, out.stop_reason
-    if self.top_logprobs is None: return self.choice(None, delta=delta) if delta or final else None
-    top = lambda lps: [self.entry(i, lp) for i, lp in sorted(lps.items(), key=lambda x: x[1].rank) if lp.rank <= self.top_logprobs]
-    self.logprobs += (logprobs := [self.entry(token, lps[token]) | {"top_logprobs": top(lps)} for token, lps in zip(out.token_ids, out.logprobs)])
-    return self.choice(logprobs, delta=delta)
+    return self.choice(delta=delta) if delta or final else None
 
-  def entry(self, token:int, logprob) -> dict:   # OpenAI's logprobs entry of a token
-    return {"token": (text := self.tokenizer.hf.decode([token], skip_special_tokens=False)), "logprob": logprob.logprob, "bytes": list(text.encode())}
-
-  def choice(self, logprobs:list | None, **content) -> dict:   # vLLM adds stop_reason: the stop string or token id that ended it
-    return {"index": self.index, **content, "logprobs": None if logprobs is None else {"content": logprobs},
-            "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
+  def choice(self, **content) -> dict:   # vLLM adds stop_reason: the stop string or token id that ended it
+    return {"index": self.index, **content, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
 
   def reply(self) -> dict:   # the whole choice, as a non-streaming response carries it: content is null beside tool calls alone
-    return self.choice(self.logprobs, message=self.message | ({"content": None} if self.calls and not self.message["content"].strip() else {}))
+    return self.choice(message=self.message | ({"content": None} if self.calls and not self.message["content"].strip() else {}))
 
   def call(self, text:str) -> dict | None:   # a tool call as OpenAI's delta, or None if the text is not one
     if not (self.tool_format and (parsed := parse_tool_call(text)) and isinstance(parsed[0], str) and isinstance(parsed[1], dict)): return None

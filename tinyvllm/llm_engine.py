@@ -66,10 +66,10 @@ class LLMEngine:
     batch, (seqs, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
-      kept = self.scheduler.receive(seqs, sampled.numpy()[:len(seqs)] if seqs else [])   # a row per token: it, then its logprobs where asked
+      kept = self.scheduler.receive(seqs, sampled.numpy()[:len(seqs)] if seqs else [])
       self.in_flight = (sampling, launch())
       # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished)
-      outputs = [(seq, self.scheduler.check_stop(seq, row, length)) for seq, row, length in kept]; self.scheduler.advance(batch)
+      outputs = [(seq, self.scheduler.check_stop(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch)
     except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)
       for request_id in failed: self.abort(request_id)
@@ -146,7 +146,7 @@ class AsyncLLM:
         try: self.engine.add_request(prompt, params, request_id) if params else self.engine.abort(request_id)
         except Exception as e: outs.append((request_id, e))   # a request the engine refuses fails alone
       # busy, with more sequences than the largest bucket captured holds: a capture's pause between steps, the wider buckets first (two
-      # pauses buy a wider bucket: its plain sampler, then its richest)
+      # pauses buy a wider bucket: its plain sampler, then its filtered one)
       if runner.pending and len(scheduler.running) + len(scheduler.waiting) > runner.buckets[-1]:
         runner.pending.sort(key=lambda unit: unit[0] <= runner.buckets[-1])
         self.capture()

@@ -4,7 +4,7 @@ from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHEL
 from tinyvllm.config import Config, log
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.attention import words, kv_write, paged_attention
-from tinyvllm.sampler import sample, logprobs
+from tinyvllm.sampler import sample
 from tinyvllm.sequence import Sequence
 
 # A step's inputs travel to the device as one int32 buffer (one copy per step): the block-table rows of the step's R sampled rows, rows of
@@ -76,11 +76,10 @@ class ModelRunner:
     self.no_grammar = functools.cache(lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).realize())
     # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
-    # server's idle time). A step runs in the smallest bucket that holds it whose plain and richest (logprobs) samplers are in: the
-    # richest serves any request (see prepare), so no step waits for a capture, and the token budget is the largest such bucket yet.
-    # Units are (tokens, filtered, with_logprobs); the filtering-only samplers, which only spare top-p and grammar steps the logprobs, last
-    units = [(n, f, f) for n in buckets for f in (0, 1)] + [(n, 1, 0) for n in buckets]
-    first = [(n, f, f) for n in (1, min(64, top)) for f in (0, 1)]
+    # server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers are both in, so no step
+    # waits for a capture, and the token budget is the largest such bucket yet. Units are (tokens, filtered)
+    units = [(n, f) for n in buckets for f in (0, 1)]
+    first = [(n, f) for n in (1, min(64, top)) for f in (0, 1)]
     self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
     while self.pending and self.pending[0] in first: self.capture_next()
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.cache_key} ready", STORED_CACHES)
@@ -104,18 +103,16 @@ class ModelRunner:
                                                    inputs["positions"], inputs["cached_lens"], self.config.block_size)
     return self.model(inputs["tokens"], inputs["positions"], attention, inputs["logits_idx"])   # only the rows that sample
 
-  def sample(self, logits:Tensor, allowed:Tensor|None=None, *, with_logprobs:bool) -> Tensor:
-    """Sampling is a graph of its own in three variants: the filtering one (grammar masks, top-k, top-p) costs several passes over the
-    vocabulary, and logprobs (with filters) many more, so a batch whose requests use none of them runs the plain one. It reads the logits'
-    rows and no per-token input: one graph serves every token bucket with that many rows. Returns a row per sampled token: the token, then
-    its logprobs where asked."""
+  def sample(self, logits:Tensor, allowed:Tensor|None=None) -> Tensor:
+    """Sampling is a graph of its own in two variants: the filtering one (grammar masks, top-k, top-p, min-p) costs several passes over the
+    vocabulary, so a batch whose requests use none of them runs the plain one. It reads the logits' rows and no per-token input: one graph
+    serves every token bucket with that many rows. Returns the sampled token of each row."""
     inputs = {name: self.step_buffer[where] for name, where in step_layout(0, logits.shape[0], self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
-    tokens = sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters)
-    return (logprobs(logits, tokens) if with_logprobs else tokens.unsqueeze(1)).contiguous()
+    return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
 
-  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False, with_logprobs=False) -> tuple[typing.Callable, list]:
+  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple[typing.Callable, list]:
     """Packs the step that computes k tokens of each (seq, k). Returns its launch, which gives (on the GPU, not waited for) one token
     for each sequence whose last token is computed, and those sequences, in batch order. The launch reads the input tokens last: with
     async scheduling, the previous step's samples are among them, and they arrive only just before."""
@@ -143,12 +140,8 @@ class ModelRunner:
     per_row = {"logits_idx": logits_idx, "out_positions": positions[logits_idx] + 1} | {name: values[row_seq] for name, values in
                (("seeds", seed), ("temperatures", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}
     for name, values in per_row.items(): rows[name][:len(row_seq)] = values
-    sampled = [batch[i][0] for i in row_seq]; with_logprobs = with_logprobs or any(seq.params.logprobs is not None for seq in sampled)
-    filtered = filtered or with_logprobs or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
-    # a step's sampler variant not captured yet: a richer one that is serves it (unused filters and logprob columns change nothing), so the
-    # step waits for no capture (a bucket serves only once its richest is in: see __init__); an eager engine, with no graphs, runs its own
-    own = (filtered, with_logprobs)
-    if batch: filtered, with_logprobs = next((v for v in (own, (True, with_logprobs), (True, True)) if ("sampler", *v, num_rows) in self.graphs), own)
+    sampled = [batch[i][0] for i in row_seq]
+    filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
     def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit; the sizes (ints) are baked in at capture
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load). The step
       # buffer is read where it lies, not passed in: tinygrad rewrites every graph node that reads an input at each replay (tinygrad
@@ -162,8 +155,7 @@ class ModelRunner:
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
       (dev := self.step_buffer.uop.buffer).allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
       logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
-      return call(("sampler", filtered, with_logprobs, num_rows), self.sample, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []),
-                  with_logprobs=with_logprobs)
+      return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
     return launch, sampled
 
   def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
@@ -180,7 +172,7 @@ class ModelRunner:
       for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
       self.stored = list(map(len, STORED_CACHES))
     with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
-    if unit[1:] == (1, 1): self.buckets = sorted({*self.buckets, unit[0]})   # its richest sampler in (after its plain one): steps may use it
+    if unit[1]: self.buckets = sorted({*self.buckets, unit[0]})   # its filtered sampler in (after its plain one): steps may use it
     if len(self.pending) > 1: return self.pending.pop(0)
     # how many kernels they lowered and compiled says whether cache.db held them
     log.info("all %d step graphs captured: %d kernels lowered after the first ones", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])

@@ -1,10 +1,9 @@
 """Sampling on device, inside the step's graph: grammar masks, temperature, top-k, top-p and seeded Gumbel-max, one graph for every mix
 of requests. Structured outputs are llguidance grammars (as in vLLM, SGLang and llama.cpp): a per-row bitmask of allowed tokens."""
-import functools, math
-import numpy as np, llguidance
+import functools, math, llguidance
 from llguidance import LLMatcher
 from tinygrad import Tensor, dtypes
-from tinyvllm.sequence import MAX_LOGPROBS, Logprob, ParamError
+from tinyvllm.sequence import ParamError
 
 # compact JSON (no endless whitespace, and no lone space tokens: sentencepiece-style vocabularies such as the bundled model's merge a
 # space into the token after it, so a grammar that needs `": "` could reach no token that continues it)
@@ -76,19 +75,3 @@ def top_k_top_p(x:Tensor, top_k:Tensor, top_p:Tensor, min_p:Tensor) -> Tensor:
   mass = lambda keep: keep.where(probs.unsqueeze(1), 0).sum(-1, keepdim=True)
   cut = threshold(probs, lambda keep: mass(keep) >= top_p.reshape(-1, 1, 1) * probs.sum(-1, keepdim=True).unsqueeze(1) * (1 - 1e-6))
   return ((probs >= cut) & (probs > 0)).where(x, -math.inf)
-
-def logprobs(logits:Tensor, tokens:Tensor) -> Tensor:
-  """vLLM's raw logprobs, from the logits of the step that sampled (before temperature, filters and grammar): rows of (token, its rank, its
-  logprob, the MAX_LOGPROBS most likely ids, their logprobs), int32 with the floats as bits, so one copy brings them all to the host."""
-  lp = logits.float().log_softmax(-1).contiguous()
-  sampled, top, rest = lp.gather(-1, tokens.unsqueeze(1)), [], lp
-  for _ in range(MAX_LOGPROBS):   # MAX_LOGPROBS passes of argmax, each masking the one before: no sort of the vocabulary
-    top.append(best := rest.argmax(-1, keepdim=True)); rest = (Tensor.arange(lp.shape[1]) == best).where(-math.inf, rest)
-  top_ids, ranks = Tensor.cat(*top, dim=1), (lp > sampled).sum(-1, keepdim=True) + 1
-  return Tensor.cat(tokens.unsqueeze(1), ranks.cast(dtypes.int32), sampled.bitcast(dtypes.int32), top_ids.cast(dtypes.int32),
-                    lp.gather(-1, top_ids).bitcast(dtypes.int32), dim=1)
-
-def unpack_logprobs(row:np.ndarray, num_top:int) -> dict[int, Logprob]:
-  """One row of logprobs() as vLLM's {token id: Logprob}: the sampled token first, then the num_top most likely ones."""
-  ints, floats = row.tolist(), row.view(np.float32).tolist()
-  return {ints[0]: Logprob(floats[2], ints[1])} | {ints[2 + rank]: Logprob(floats[2 + MAX_LOGPROBS + rank], rank) for rank in range(1, num_top + 1)}

@@ -2,7 +2,6 @@ import collections, time, numpy as np
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status, CompletionOutput
 from tinyvllm.block_manager import BlockManager
-from tinyvllm.sampler import unpack_logprobs
 
 class Scheduler:
   """Continuous batching: every step fills a token budget, running sequences first (decodes and unfinished prompt chunks), then new
@@ -41,17 +40,17 @@ class Scheduler:
       seq.num_computed_tokens += num_tokens; self.bm.commit(seq)   # full blocks are registered for prefix caching
       if seq.num_computed_tokens == len(seq): seq.token_ids.append(-1)   # a mid-prompt chunk samples nothing
 
-  def receive(self, seqs:list[Sequence], rows:np.ndarray) -> list[tuple[Sequence, np.ndarray, int]]:
-    """A step's tokens (each row's first entry) replace their placeholders before the next step's launch, which reads them (and their
-    grammars' masks). Returns (sequence, row, its length with the token) for each token kept."""
+  def receive(self, seqs:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
+    """A step's tokens replace their placeholders before the next step's launch, which reads them (and their grammars' masks). Returns
+    (sequence, token, its length with the token) for each token kept."""
     # not a sequence the step before stopped
-    kept = [(seq, row, len(seq)) for seq, row in zip(seqs, rows) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1]
-    for seq, row, _ in kept: seq.token_ids[-1] = token = int(row[0]); seq.matcher and seq.matcher.consume_token(token)
+    kept = [(seq, int(token), len(seq)) for seq, token in zip(seqs, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1]
+    for seq, token, _ in kept: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
     return kept
 
-  def check_stop(self, seq:Sequence, row:np.ndarray, length:int) -> CompletionOutput:
+  def check_stop(self, seq:Sequence, token:int, length:int) -> CompletionOutput:
     """Count, detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
-    token, params, searched = int(row[0]), seq.params, len(seq.held_text)
+    params, searched = seq.params, len(seq.held_text)
     if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
     # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
     self.num_generation_tokens += 1; seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
@@ -65,8 +64,7 @@ class Scheduler:
     if reason: del seq.token_ids[length:]; self.finish(seq)   # the placeholder of a step scheduled meanwhile is dropped
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
     text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
-    if logprobs := None if params.logprobs is None else unpack_logprobs(row, params.logprobs): seq.cumulative_logprob += logprobs[token].logprob
-    return CompletionOutput(seq.index, text, [token], reason, stop_reason, logprobs and [logprobs], logprobs and seq.cumulative_logprob)
+    return CompletionOutput(seq.index, text, [token], reason, stop_reason)
 
   def preempt(self, seq:Sequence):
     self.bm.free_blocks(seq); self.running.remove(seq); self.waiting.appendleft(seq)

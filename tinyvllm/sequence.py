@@ -1,19 +1,19 @@
-import collections, dataclasses, enum, math, time
+import dataclasses, enum, math, time
 from dataclasses import dataclass, field
 
-# the stop-list bounds keep each token's stop search short, so one request's stop lists can't stall the step; MAX_LOGPROBS is OpenAI's
-# most top_logprobs, as many as the logprobs graph always finds
-MAX_STOP_STRINGS, MAX_STOP_LEN, MAX_LOGPROBS = 32, 256, 20
+# the stop-list bounds keep each token's stop search short, so one request's stop lists can't stall the step
+MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256
 
 class ParamError(ValueError):
   """A request field out of range; `param` names it, so the server's 400 can say which."""
   def __init__(self, param:str, message:str): super().__init__(f"{param} {message}"); self.param = param
 
-# vLLM's ranges: (type, check, what the check asks); seed and logprobs may also be None
+# vLLM's ranges: (type, check, what the check asks); seed and logprobs may also be None. logprobs is refused whatever its value: it went
+# to pay for tensor parallelism (README, "Not supported, and why")
 RANGES = {"n": (int, lambda n: n >= 1, "at least 1"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
           "temperature": (float, lambda t: t >= 0, "non-negative"), "top_p": (float, lambda p: 0 < p <= 1, "in (0, 1]"),
           "min_p": (float, lambda p: 0 <= p <= 1, "in [0, 1]"), "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"),
-          "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer"), "logprobs": (int, lambda k: 0 <= k <= MAX_LOGPROBS, "in [0, 20]")}
+          "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer"), "logprobs": (int, lambda k: False, "None: logprobs are not supported")}
 
 @dataclass
 class SamplingParams:
@@ -21,8 +21,7 @@ class SamplingParams:
   # top_k: -1 or 0 keeps the whole vocabulary; min_p: drop tokens less likely than min_p times the most likely one
   n: int = 1; max_tokens: int = 16; temperature: float = 1.0; top_p: float = 1.0; top_k: int = -1; min_p: float = 0.0
   seed: int | None = None; stop: str | list[str] | None = None; stop_token_ids: list[int] = field(default_factory=list)
-  # structured_outputs: {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}; logprobs: each
-  # sampled token's logprob, and this many of the most likely tokens' (vLLM's raw logprobs)
+  # structured_outputs: {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}; logprobs: only None
   ignore_eos: bool = False; include_stop_str_in_output: bool = False; structured_outputs: dict | None = None; logprobs: int | None = None
   def __post_init__(self):
     # each number finite, of its field's type and in its range, or ParamError: JSON allows 10**309 or NaN, which would overflow or poison
@@ -43,18 +42,13 @@ class SamplingParams:
 
 class Status(enum.Enum): WAITING = 0; RUNNING = 1; FINISHED = 2
 
-Logprob = collections.namedtuple("Logprob", "logprob rank")   # vLLM's: a token's logprob and its rank (1 for the most likely token)
-
 @dataclass
 class CompletionOutput:
   # finish_reason: "stop" or "length" (an aborted request gets no more outputs); stop_reason: the stop string or stop token id that ended
-  # it (None for EOS, length or abort), as in vLLM; logprobs: per token, the sampled token and the top SamplingParams.logprobs ones;
-  # cumulative_logprob: the sum of the sampled tokens' logprobs so far
+  # it (None for EOS, length or abort), as in vLLM
   index: int; text: str; token_ids: list[int]; finish_reason: str | None = None; stop_reason: str | int | None = None
-  logprobs: list[dict[int, Logprob]] | None = None; cumulative_logprob: float | None = None
   def __add__(self, delta:"CompletionOutput") -> "CompletionOutput":   # the output so far and the next delta, as one
-    return dataclasses.replace(delta, text=self.text + delta.text, token_ids=self.token_ids + delta.token_ids,
-                               logprobs=delta.logprobs and (self.logprobs or []) + delta.logprobs)
+    return dataclasses.replace(delta, text=self.text + delta.text, token_ids=self.token_ids + delta.token_ids)
 
 @dataclass
 class RequestOutput:
@@ -69,7 +63,7 @@ class Sequence:
     # block_table: its KV blocks, in order; block_hashes: the chained hashes of its full, computed blocks (prefix caching)
     self.num_computed_tokens, self.block_table, self.block_hashes = 0, [], []
     # held_text: detokenized text not yet emitted (it may start a stop string); detok: its detokenizer; matcher: llguidance's state of
-    # its grammar (structured outputs); cumulative_logprob: the sum of its logprobs
-    self.held_text, self.detok, self.matcher, self.cumulative_logprob = "", None, None, 0.0
+    # its grammar (structured outputs)
+    self.held_text, self.detok, self.matcher = "", None, None
     self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)

@@ -15,13 +15,15 @@ MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
 # ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
 HONOURED = {field: kinds for kinds, fields in [((str,), "model user safety_identifier prompt_cache_key"), ((str, list), "stop"),
-  ((int,), "max_tokens max_completion_tokens top_k seed n top_logprobs"), ((int, float), "temperature top_p min_p"), ((str, dict), "tool_choice"),
-  ((bool,), "stream ignore_eos include_stop_str_in_output logprobs"), ((list,), "messages stop_token_ids tools"),
+  ((int,), "max_tokens max_completion_tokens top_k seed n"), ((int, float), "temperature top_p min_p"), ((str, dict), "tool_choice"),
+  ((bool,), "stream ignore_eos include_stop_str_in_output"), ((list,), "messages stop_token_ids tools"),
   ((dict,), "stream_options response_format structured_outputs chat_template_kwargs")] for field in fields.split()}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
-# other value is a 400 naming the field (the penalties, logit_bias and min_tokens are the next ones to honour, issue #27 item 4).
-NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message"), ([1], "repetition_penalty best_of"),
-  ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"), ([0], "presence_penalty frequency_penalty min_tokens"),
+# other value is a 400 naming the field (the penalties, logit_bias and min_tokens are the next ones to honour, issue #27 item 4). logprobs
+# and top_logprobs went to pay for tensor parallelism (README, "Not supported, and why")
+NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message logprobs"),
+  ([1], "repetition_penalty best_of"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
+  ([0], "presence_penalty frequency_penalty min_tokens top_logprobs"),
   ([[]], "functions bad_words"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
   ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template "
                                   "guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
@@ -66,13 +68,12 @@ class OpenAIServer:
     if body.get("model") not in (None, self.model): raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
     prompt, structured, parser = chat_request(self.llm.engine.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
     max_tokens_field, context = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None), self.config.max_model_len
-    if body.get("top_logprobs") and not body.get("logprobs"): raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
-    # the sampling fields pass under their own names (vLLM's, as SamplingParams has them) but for these three, resolved from OpenAI's fields:
-    # max_tokens (by default the rest of the context), the structured output chat.py made, logprobs (as many as top_logprobs)
-    resolved = {"max_tokens": body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1), "structured_outputs": structured,
-                "logprobs": body.get("top_logprobs") or 0 if body.get("logprobs") else None}
-    try: params = SamplingParams(**{k: v for k, v in body.items() if k in SamplingParams.__dataclass_fields__ and v is not None} | resolved)
-    except ParamError as e: raise APIError(str(e), param={"max_tokens": max_tokens_field, "logprobs": "top_logprobs"}.get(e.param, e.param))
+    # the sampling fields we honour pass under their own names (vLLM's, as SamplingParams has them) but for these two, resolved from OpenAI's
+    # fields: max_tokens (by default the rest of the context), the structured output chat.py made
+    resolved = {"max_tokens": body[max_tokens_field] if max_tokens_field else max(context - len(prompt), 1), "structured_outputs": structured}
+    honoured = {k: v for k, v in body.items() if k in HONOURED and k in SamplingParams.__dataclass_fields__ and v is not None}
+    try: params = SamplingParams(**honoured | resolved)
+    except ParamError as e: raise APIError(str(e), param=max_tokens_field if e.param == "max_tokens" else e.param)
     if (total := len(prompt) + params.max_tokens) > context: raise APIError(f"This model's maximum context length is {context} tokens. "
                    f"However, you requested {total} tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
     # n sequences take n of the batch's max_num_seqs slots for the whole request: half leaves room for everyone else
@@ -99,7 +100,7 @@ class OpenAIServer:
       if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
     prompt, params, body, parser = await asyncio.to_thread(self.parse, raw)
-    request_id, counts, parsers = f"chatcmpl-{uuid.uuid4().hex}", [0] * params.n, [parser(i, params.logprobs) for i in range(params.n)]
+    request_id, counts, parsers = f"chatcmpl-{uuid.uuid4().hex}", [0] * params.n, [parser(i) for i in range(params.n)]
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": sum(counts), "total_tokens": len(prompt) + sum(counts)}
     async def choices():   # one path for both responses: each engine output as its choices' deltas, through chat.py's parsers
@@ -116,7 +117,7 @@ class OpenAIServer:
       sse, chunk = lambda data: f"data: {json.dumps(data)}\n\n", lambda c, **kw: sse({**head, "object": "chat.completion.chunk", "choices": c, **kw})
       async def events():
         async with contextlib.aclosing(choices()) as stream:
-          yield "".join(chunk([p.choice(None, delta={"role": "assistant", "content": ""})]) for p in parsers)
+          yield "".join(chunk([p.choice(delta={"role": "assistant", "content": ""})]) for p in parsers)
           try:
             async for step in stream: yield "".join(chunk([choice]) for choice in step)
             if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage())
