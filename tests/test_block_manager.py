@@ -16,7 +16,7 @@ def check_invariants(bm, live):
   assert all(len(set(s.block_table)) == len(s.block_table) for s in live)               # no block twice in a table
   assert all(bm.cached[h] == b for b, h in bm.hash_of.items()) and len(bm.cached) == len(bm.hash_of)
 
-ops = st.lists(st.tuples(st.sampled_from(["new", "grow", "fork", "free"]), st.integers(0, 10**6)), max_size=60)
+ops = st.lists(st.tuples(st.sampled_from(["new", "grow", "free"]), st.integers(0, 10**6)), max_size=60)
 
 @settings(max_examples=150, deadline=None)
 @given(ops, st.booleans())
@@ -30,12 +30,6 @@ def test_refcounts_exact_after_any_operations(operations, caching):
       seq = live[r % len(live)]; seq.token_ids.append(r % 3)
       if bm.append(seq, 1): compute(bm, seq, 1)
       else: seq.token_ids.pop()
-    elif live and op == "fork":
-      parent = live[r % len(live)]
-      child = Sequence("r", parent.token_ids, SamplingParams(), 1, parent)
-      if bm.allocate(child, parent.block_table[:(len(parent) - 1) // BS]):
-        assert child.block_table[:(len(parent) - 1) // BS] == parent.block_table[:(len(parent) - 1) // BS]
-        live.append(child); compute(bm, child, len(child) - child.num_computed_tokens)
     elif live and op == "free": bm.free_blocks(live.pop(r % len(live)))
     check_invariants(bm, live)
   for s in live: bm.free_blocks(s)

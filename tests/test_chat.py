@@ -4,6 +4,7 @@ in tests/data/llama3-tiktoken); forced tool-call grammars against llguidance on 
 against live servers on a random-weight Qwen2 whose vocabulary holds Qwen's tags as tokens: a forced tool call always parses and validates
 (jsonschema is the judge), calls round-trip through tool messages, reasoning comes apart from content, bad requests are 400s by name."""
 import asyncio, contextlib, json, os, pathlib, shutil, subprocess, sys, tempfile, threading, time, zipfile
+from concurrent.futures import ThreadPoolExecutor
 import jsonschema, openai, pytest, torch, transformers
 from tinyvllm.chat import OutputParser, merge, request
 from tinyvllm.sampler import grammar_tokenizer
@@ -218,9 +219,9 @@ def test_llama3_forced_calls_are_ten_of_ten_valid(llama3, choice):
   named function gives 10 calls out of 10 that parse and validate (jsonschema is the judge), streamed the same."""
   names = set(SCHEMAS) if choice == "required" else {"get_time"}
   kw = dict(model="tiny", messages=USER, tools=TOOLS, tool_choice=choice, temperature=1, max_tokens=300)
-  r = llama3.chat.completions.create(n=10, seed=7, **kw)
-  assert len(r.choices) == 10 and len({c.message.tool_calls[0].function.arguments for c in r.choices}) > 1
-  for c in r.choices:
+  with ThreadPoolExecutor(10) as pool: choices = list(pool.map(lambda seed: llama3.chat.completions.create(seed=seed, **kw).choices[0], range(7, 17)))
+  assert len({c.message.tool_calls[0].function.arguments for c in choices}) > 1
+  for c in choices:
     assert c.finish_reason == "tool_calls" and c.message.content is None and len(valid_calls(c.message.tool_calls, names)) == 1
   finish, message, calls = streamed(llama3, seed=8, **{k: v for k, v in kw.items() if k != "model"})
   whole = llama3.chat.completions.create(seed=8, **kw).choices[0]
@@ -253,9 +254,10 @@ USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 def test_forced_tool_calls_always_validate(qwen, choice):
   """Whatever the random weights prefer, tool_choice required or a named function yields calls that parse and validate, streamed or not."""
   names = set(SCHEMAS) if choice == "required" else {"get_time"}
-  r = qwen.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice=choice, n=4, temperature=1, seed=1, max_tokens=600)
+  kw = dict(model="tiny", messages=USER, tools=TOOLS, tool_choice=choice, temperature=1, max_tokens=600)
+  with ThreadPoolExecutor(4) as pool: choices = list(pool.map(lambda seed: qwen.chat.completions.create(seed=seed, **kw).choices[0], range(1, 5)))
   seen = set()
-  for c in r.choices:
+  for c in choices:
     assert c.finish_reason == "tool_calls" and c.message.content is None and c.message.tool_calls, c.message
     seen |= set(valid_calls(c.message.tool_calls, names))
     assert choice == "required" or len(c.message.tool_calls) == 1   # a named function is called once

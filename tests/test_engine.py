@@ -58,10 +58,12 @@ def test_seeds_topk_and_stop_strings(llm):
   cut = llm.generate(p, SamplingParams(temperature=0, max_tokens=40, stop=[stop, "zzzz"]), use_tqdm=False)[0].outputs[0]
   assert cut.text == full[:full.index(stop)] and cut.finish_reason == "stop"
 
-def test_n_forks_share_prompt_blocks(llm):
-  out = llm.generate([REF[1]["prompt_token_ids"] * 3], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=8), use_tqdm=False)[0]
-  assert len(out.outputs) == 3 and len({tuple(o.token_ids) for o in out.outputs}) > 1
-  assert llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks
+def test_n_above_one_is_refused():
+  """n > 1 went to pay for tensor parallelism: a ValueError naming n; n=1 is the default."""
+  for n in (2, 8):
+    with pytest.raises(ValueError, match="n must be 1") as e: SamplingParams(n=n)
+    assert e.value.param == "n"
+  assert SamplingParams(n=1).n == 1
 
 def test_prefix_cache_hits_give_identical_output(llm):
   bm, prompt = llm.engine.block_manager, REF[2]["prompt_token_ids"] * 6

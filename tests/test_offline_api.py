@@ -116,7 +116,7 @@ def test_a_failing_step_fails_only_its_requests(llm, monkeypatch):
   engine, marked = llm.engine, REF[2]["prompt_token_ids"]
   run = engine.runner.prepare
   def faulty(batch, *args):
-    if any(seq.prompt_token_ids == marked for seq, _ in batch): raise RuntimeError("injected fault")
+    if any(seq.prompt_token_ids[:len(marked)] == marked for seq, _ in batch): raise RuntimeError("injected fault")
     return run(batch, *args)
   alone = llm.generate(REF[1]["prompt"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
   monkeypatch.setattr(engine.runner, "prepare", faulty)
@@ -126,7 +126,7 @@ def test_a_failing_step_fails_only_its_requests(llm, monkeypatch):
   with pytest.raises(EngineError) as e:
     while True: engine.step()
   assert set(e.value.request_ids) == {survivor, victim} and not engine.has_unfinished() and all_blocks_free(llm)
-  victim = engine.add_request(marked, SamplingParams(temperature=0, max_tokens=40, n=8))   # its forks fill the batch: the next one waits
+  victim = engine.add_request(marked * 13, GREEDY)   # 65 tokens: its prompt fills the step (64 tokens), the next one waits
   waiting = engine.add_request(REF[1]["prompt"], GREEDY)
   with pytest.raises(EngineError) as e: engine.step()
   assert e.value.request_ids == [victim]

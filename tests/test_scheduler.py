@@ -38,21 +38,6 @@ def test_out_of_blocks_preempts_the_newest_and_recomputes_it():
   batch = sch.schedule()                               # readmitted: recomputes its prompt and the token it had sampled
   assert [(s.request_id, n) for s, n in batch] == [("new", 13)] and bm.num_free == 6 - 4
 
-def test_forked_siblings_wait_for_the_parent_prompt_then_share_its_blocks():
-  bm = BlockManager(32, 4)
-  sch = Scheduler(Config(max_num_batched_tokens=8, max_num_seqs=8, block_size=4), bm, set())
-  parent = Sequence("r", list(range(10)), SamplingParams(n=2))
-  child = Sequence("r", list(range(10)), SamplingParams(n=2), 1, parent)
-  sch.waiting.extend([parent, child])
-  assert [s.index for s, _ in sch.schedule()] == [0]   # 8 of 10 prompt tokens: the sibling may not start yet
-  engine_step(sch, [(parent, 8)])
-  batch = sch.schedule()
-  assert [(s.index, n) for s, n in batch] == [(0, 2)]  # the parent's last prompt chunk; the sibling still waits
-  engine_step(sch, batch)
-  batch = sch.schedule()
-  assert [(s.index, n) for s, n in batch] == [(0, 1), (1, 2)] and child.block_table[:2] == parent.block_table[:2]
-  assert bm.ref[parent.block_table[0]] == 2
-
 def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   """advance() runs right after a launch: each sampling sequence holds a placeholder, so the next step schedules its decode at once.
   receive() puts the real token in before that step's launch reads it. A sequence the late token stops has run once more for nothing:

@@ -103,10 +103,13 @@ def test_stream(srv):
   assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [full.choices[0].finish_reason]
   assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == full.usage.model_dump()
 
-def test_n(srv):
-  r = srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=6, n=2, seed=3, extra_body={"ignore_eos": True})
-  assert sorted(c.index for c in r.choices) == [0, 1] and all(c.finish_reason == "length" for c in r.choices)
-  assert r.usage.completion_tokens == 12 and r.choices[0].message.content != r.choices[1].message.content
+def test_n_above_one_is_refused(srv):
+  """n > 1 went to pay for tensor parallelism (README, "Not supported, and why"): a 400 naming n; n: 1 is one choice."""
+  r = post(srv, {"messages": MSGS, "max_tokens": 2, "n": 2})
+  assert_error(r, 400, "n")
+  assert "n must be 1" in r.json()["error"]["message"]
+  r = srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=6, n=1, extra_body={"ignore_eos": True})
+  assert [c.index for c in r.choices] == [0] and r.usage.completion_tokens == 6
 
 def test_stop(srv):
   kw = dict(model=MODEL, messages=MSGS, max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
@@ -127,19 +130,19 @@ def test_seed(srv):
   assert texts[0] == texts[1] and len(set(texts[1:])) > 1
 
 def test_raw_sse_order(srv):
-  body = {"model": MODEL, "messages": MSGS, "max_tokens": 8, "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+  body = {"model": MODEL, "messages": MSGS, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}
   with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     ev = sse(r)
   assert ev[-1] == "[DONE]" and ev.count("[DONE]") == 1
   chunks, usage = ev[:-2], ev[-2]
   assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0 and usage["object"] == "chat.completion.chunk"
-  assert [c["choices"][0]["delta"] for c in chunks[:2]] == [{"role": "assistant", "content": ""}] * 2
-  for i in (0, 1):   # per choice: role, content deltas, then exactly one finish_reason, last
-    mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
-    assert all(len(c["choices"]) == 1 and c["id"] == usage["id"] for c in chunks)
-    assert "role" in mine[0]["delta"] and all("role" not in c["delta"] for c in mine[1:])
-    assert [c["finish_reason"] is not None for c in mine] == [False] * (len(mine) - 1) + [True]
+  assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+  # role, content deltas, then exactly one finish_reason, last
+  mine = [c["choices"][0] for c in chunks]
+  assert all(len(c["choices"]) == 1 and c["id"] == usage["id"] and c["choices"][0]["index"] == 0 for c in chunks)
+  assert "role" in mine[0]["delta"] and all("role" not in c["delta"] for c in mine[1:])
+  assert [c["finish_reason"] is not None for c in mine] == [False] * (len(mine) - 1) + [True]
 
 def test_concurrent_matches_sequential(srv):
   prompts = [[{"role": "user", "content": f"{w} day, {i} little {a} went to the park."}]
@@ -298,27 +301,11 @@ def test_stop_strings_are_limited(srv):
   at_the_limits = [f"{i:03d}" + "q" * (MAX_STOP_LEN - 3) for i in range(MAX_STOP_STRINGS)]
   assert post(srv, {"messages": MSGS, "max_tokens": 4, "stop": at_the_limits}).status_code == 200
 
-def test_n_is_capped_and_leaves_room_for_others(srv):
-  """n is at most half of max_num_seqs, with a 400 that says why; while a request with the largest n runs, others are admitted and finish."""
-  most = srv.llm.engine.config.max_num_seqs // 2
-  r = post(srv, {"messages": MSGS, "max_tokens": 2, "n": most + 1})
-  assert_error(r, 400, "n")
-  assert f"at most {most}" in r.json()["error"]["message"] and "max_num_seqs" in r.json()["error"]["message"]
-  others = [[{"role": "user", "content": f"The {animal} went to school."}] for animal in ("dog", "cat", "bird", "frog")]
-  alone = [chat_text(srv, m, max_tokens=8, temperature=0) for m in others]
-  longest = srv.llm.engine.config.max_model_len - len(srv.tok.encode_chat(MSGS))
-  with stream_in_flight(srv, {"messages": MSGS, "n": most, "max_tokens": longest, "ignore_eos": True}) as large:
-    with ThreadPoolExecutor(len(others)) as pool:
-      assert list(pool.map(lambda m: chat_text(srv, m, max_tokens=8, temperature=0), others)) == alone
-    assert not large.done(), "the large-n request should still be running"
-  assert sum(1 for e in large.result() if isinstance(e, dict) and e["choices"] and e["choices"][0]["finish_reason"]) == most
-  wait_idle(srv)
-
 def test_running_metric_counts_requests(srv):
-  """vllm:num_requests_running counts requests, as vLLM does: one request with n=4 is one, not four."""
+  """vllm:num_requests_running counts the running requests: one while one streams, none after."""
   wait_idle(srv)
   longest = srv.llm.engine.config.max_model_len - len(srv.tok.encode_chat(MSGS))
-  with stream_in_flight(srv, {"messages": MSGS, "n": 4, "max_tokens": longest, "ignore_eos": True}) as running:
+  with stream_in_flight(srv, {"messages": MSGS, "max_tokens": longest, "ignore_eos": True}) as running:
     assert metrics(srv)["vllm:num_requests_running"] == 1 and not running.done()
   wait_idle(srv)
 

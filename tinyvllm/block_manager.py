@@ -28,9 +28,9 @@ class BlockManager:
     hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)   # each full block's chained hash, lazily
     return list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))   # up to the first block not cached
 
-  def allocate(self, seq:Sequence, shared:list[int]|None=None) -> bool:
-    """Admit seq: share `shared` (a forked parent's blocks) or its cached prefix, and take fresh blocks for the rest of its tokens."""
-    shared = self.cached_prefix(seq) if shared is None else shared; need = -(-len(seq) // self.block_size) - len(shared)
+  def allocate(self, seq:Sequence) -> bool:
+    """Admit seq: share its cached prefix, and take fresh blocks for the rest of its tokens."""
+    shared = self.cached_prefix(seq); need = -(-len(seq) // self.block_size) - len(shared)
     if need + sum(self.ref[b] == 0 for b in shared) > self.num_free: return False
     for b in shared: self.free.pop(b, None); self.ref[b] += 1
     seq.block_table = shared + [self._take() for _ in range(need)]; seq.num_computed_tokens = len(shared) * self.block_size

@@ -5,7 +5,7 @@ parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
 
 The chat template says what the model was taught: Hermes <tool_call> tags (Qwen, Hermes) or Llama 3.x's bare JSON calls, and whether it
 reasons inside <think> tags (Qwen3, DeepSeek-R1 distills). Only templates that mention them get tools or reasoning."""
-import contextlib, copy, functools, json, re, typing, uuid, jinja2
+import contextlib, copy, json, re, uuid, jinja2
 from tinygrad.llm.serve import StreamRouter, normalize_messages, parse_tool_call
 from tinyvllm.sampler import compile_grammar
 from tinyvllm.sequence import ParamError
@@ -35,10 +35,10 @@ def checked_messages(messages) -> list[dict]:
       if all(call(c) for m in messages for c in m.get("tool_calls") or []): return [m | {"content": m.get("content") or ""} for m in messages]
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
 
-def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, typing.Callable[..., "OutputParser"]]:
+def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, "OutputParser"]:
   """The prompt (tools reach the template as transformers passes them; tool_choice "none" passes none); what the sampler must produce:
   response_format, vLLM's structured_outputs, or a forced tool call (tool_choice "required" or a named function, as vLLM does), compiled
-  here so that a bad one is a 400 before any stream; and a factory of per-choice OutputParsers."""
+  here so that a bad one is a 400 before any stream; and the OutputParser of its one choice."""
   tool_format = "hermes" if "<tool_call>" in (template := tokenizer.chat_template_text) else "json" if '"parameters"' in template else None
   tools, choice, template_kwargs = body.get("tools") or [], body.get("tool_choice") or "auto", body.get("chat_template_kwargs") or {}
   try: schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools if t["type"] == "function"}
@@ -69,7 +69,7 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
     if structured: compile_grammar(structured, grammar_tokenizer)
   except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
     raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
-  return prompt, structured, functools.partial(OutputParser, calls and tool_format, "<think>" in template, thinking)
+  return prompt, structured, OutputParser(calls and tool_format, "<think>" in template, thinking)
 
 def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:bool, parallel:bool) -> str:
   """Lark for llguidance that admits only calls of these functions in the template's markup (one, or several if parallel); %json embeds
@@ -87,10 +87,10 @@ class OutputParser:
   holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice ends: markup that does
   not parse is content. Llama 3's JSON form is a whole output that parses as one call (its <|python_tag|> is a special token, so never in
   the text)."""
-  def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, index:int):
+  def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool):
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
     if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
-    self.index, self.calls, self.finish_reason, self.stop_reason = index, 0, None, None
+    self.calls, self.finish_reason, self.stop_reason = 0, None, None
     self.message = {"role": "assistant", "content": ""}
 
   def feed(self, out) -> dict | None:
@@ -113,7 +113,7 @@ class OutputParser:
     return self.choice(delta=delta) if delta or final else None
 
   def choice(self, **content) -> dict:   # vLLM adds stop_reason: the stop string or token id that ended it
-    return {"index": self.index, **content, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
+    return {"index": 0, **content, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
 
   def reply(self) -> dict:   # the whole choice, as a non-streaming response carries it: content is null beside tool calls alone
     return self.choice(message=self.message | ({"content": None} if self.calls and not self.message["content"].strip() else {}))

@@ -30,7 +30,7 @@ class LLMEngine:
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
-    # requests: request id -> its sequences (n of them for n > 1); in_flight: the launched step's sampling sequences and the tokens they
+    # requests: request id -> its sequence; in_flight: the launched step's sampling sequences and the tokens they
     # get, still on the GPU
     self.requests, self.in_flight, self.grammar_tokenizer = {}, ([], None), grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
 
@@ -48,21 +48,22 @@ class LLMEngine:
   def add_request(self, prompt:str|list[int]|dict, params:SamplingParams, request_id:str|None=None) -> str:
     ids, grammar = self.check(prompt, params)
     if (request_id := request_id or uuid.uuid4().hex) in self.requests: raise ValueError(f"request id {request_id!r} is already running")
-    # forked siblings get distinct seeds, so n > 1 with one seed still gives n different samples; the step buffer carries 31 bits
-    seed = params.seed if params.seed is not None else self.rng.getrandbits(31); parent = Sequence(request_id, ids, params, seed=seed & 0x7fffffff)
-    seqs = [parent] + [Sequence(request_id, ids, params, i, parent, (seed + i) & 0x7fffffff) for i in range(1, params.n)]
-    for seq in seqs: seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
-    self.requests[request_id] = seqs; self.scheduler.waiting.extend(seqs); return request_id
+    # the step buffer carries 31 bits of the seed
+    seed = params.seed if params.seed is not None else self.rng.getrandbits(31)
+    seq = Sequence(request_id, ids, params, seed & 0x7fffffff)
+    seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
+    self.requests[request_id] = seq; self.scheduler.waiting.append(seq); return request_id
 
   def abort(self, request_id:str):
-    for seq in self.requests.pop(request_id, []): self.scheduler.finish(seq)
+    seq = self.requests.pop(request_id, None)
+    if seq is not None: self.scheduler.finish(seq)
 
   def has_unfinished(self) -> bool: return bool(self.requests)
 
   def step(self) -> list[RequestOutput]:
     """One engine iteration, overlapped with the GPU as in vLLM's async scheduling: step N+1 is scheduled and packed while the GPU runs
     step N; step N's tokens are waited for only then (they are N+1's inputs), and detokenized and stop-checked while the GPU runs N+1.
-    Returns a delta (new text and token ids) for each request whose sequences produced output."""
+    Returns a delta (new text and token ids) for each request whose sequence produced a token."""
     batch, (seqs, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
@@ -74,17 +75,13 @@ class LLMEngine:
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)
       for request_id in failed: self.abort(request_id)
       raise EngineError(failed) from e
-    deltas: dict[str, list[CompletionOutput]] = {}
-    for seq, output in outputs: deltas.setdefault(seq.request_id, []).append(output)
-    return [self.request_output(request_id, deltas) for request_id, deltas in deltas.items()]
+    return [self.request_output(seq, output) for seq, output in outputs]
 
-  def request_output(self, request_id:str, deltas:list[CompletionOutput]) -> RequestOutput:
-    seqs = self.requests[request_id]
-    if finished := all(s.status == Status.FINISHED for s in seqs): del self.requests[request_id]
+  def request_output(self, seq:Sequence, delta:CompletionOutput) -> RequestOutput:
+    if finished := seq.status == Status.FINISHED: del self.requests[seq.request_id]
     # vLLM's RequestMetrics: the latency histograms' times
-    metrics = dict(arrival_time=seqs[0].arrival_time, first_token_time=min(s.first_token_time for s in seqs),
-                   finish_time=max(s.finish_time for s in seqs)) if finished else {}
-    return RequestOutput(request_id, seqs[0].prompt_token_ids, deltas, finished, metrics)
+    metrics = dict(arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time) if finished else {}
+    return RequestOutput(seq.request_id, seq.prompt_token_ids, [delta], finished, metrics)
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
@@ -100,7 +97,7 @@ class LLM:
     params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
     if len(params) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
     # each request queued (all of them checked before any is), with an empty output per sequence that its deltas are added to
-    results = {(rid := self.engine.add_request(ids, sp)): RequestOutput(rid, ids, [CompletionOutput(i, "", []) for i in range(sp.n)])
+    results = {(rid := self.engine.add_request(ids, sp)): RequestOutput(rid, ids, [CompletionOutput(0, "", [])])
                for ids, sp in zip([self.engine.check(prompt, sp)[0] for prompt, sp in zip(prompts, params)], params)}
     bar, start, num_tokens = tinygrad.helpers.tqdm(total=len(results), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
     try:

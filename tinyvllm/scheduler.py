@@ -24,11 +24,8 @@ class Scheduler:
       while seq.status == Status.RUNNING and not self.bm.append(seq, num_tokens): self.preempt(self.running[-1])
       if seq.status == Status.RUNNING: batch.append((seq, num_tokens)); budget -= num_tokens
     while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-      seq, parent = self.waiting[0], self.waiting[0].parent
-      if parent is not None and parent.status != Status.FINISHED and parent.num_computed_tokens < parent.num_prompt_tokens: break
-      # n > 1: a forked sibling shares its parent's full prompt blocks (copy-free fork), whatever the prefix cache holds
-      shared = parent.block_table[:(min(parent.num_computed_tokens, len(seq)) - 1) // self.bm.block_size] if parent else None
-      if not self.bm.allocate(seq, shared or None): break
+      seq = self.waiting[0]
+      if not self.bm.allocate(seq): break
       self.waiting.popleft(); self.running.append(seq); seq.status = Status.RUNNING
       batch.append((seq, num_tokens := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_tokens
     return batch
@@ -64,7 +61,7 @@ class Scheduler:
     if reason: del seq.token_ids[length:]; self.finish(seq)   # the placeholder of a step scheduled meanwhile is dropped
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
     text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
-    return CompletionOutput(seq.index, text, [token], reason, stop_reason)
+    return CompletionOutput(0, text, [token], reason, stop_reason)
 
   def preempt(self, seq:Sequence):
     self.bm.free_blocks(seq); self.running.remove(seq); self.waiting.appendleft(seq)

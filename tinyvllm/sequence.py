@@ -8,9 +8,9 @@ class ParamError(ValueError):
   """A request field out of range; `param` names it, so the server's 400 can say which."""
   def __init__(self, param:str, message:str): super().__init__(f"{param} {message}"); self.param = param
 
-# vLLM's ranges: (type, check, what the check asks); seed and logprobs may also be None. logprobs is refused whatever its value: it went
-# to pay for tensor parallelism (README, "Not supported, and why")
-RANGES = {"n": (int, lambda n: n >= 1, "at least 1"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
+# vLLM's ranges: (type, check, what the check asks); seed and logprobs may also be None. n > 1 and any logprobs are refused: they went to
+# pay for tensor parallelism (README, "Not supported, and why")
+RANGES = {"n": (int, lambda n: n == 1, "1: n > 1 is not supported"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
           "temperature": (float, lambda t: t >= 0, "non-negative"), "top_p": (float, lambda p: 0 < p <= 1, "in (0, 1]"),
           "min_p": (float, lambda p: 0 <= p <= 1, "in [0, 1]"), "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"),
           "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer"), "logprobs": (int, lambda k: False, "None: logprobs are not supported")}
@@ -56,9 +56,8 @@ class RequestOutput:
 
 class Sequence:
   """One generated continuation: its tokens, how many of them already sit in the KV cache, and its block table."""
-  def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, index:int=0, parent:"Sequence|None"=None, seed:int=0):
-    self.request_id, self.index, self.parent, self.params, self.status, self.seed = request_id, index, parent, params, Status.WAITING, seed
-    # the prompt list is shared by siblings, not copied
+  def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, seed:int=0):
+    self.request_id, self.params, self.status, self.seed = request_id, params, Status.WAITING, seed
     self.prompt_token_ids, self.token_ids, self.num_prompt_tokens = prompt_ids, list(prompt_ids), len(prompt_ids)
     # block_table: its KV blocks, in order; block_hashes: the chained hashes of its full, computed blocks (prefix caching)
     self.num_computed_tokens, self.block_table, self.block_hashes = 0, [], []

@@ -9,7 +9,7 @@ from starlette.routing import Route
 from tinyvllm.config import Config
 from tinyvllm.sequence import ParamError, SamplingParams
 from tinyvllm.llm_engine import AsyncLLM, EngineError
-from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, json_size, request as chat_request
+from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, OutputParser, json_size, request as chat_request
 
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
@@ -20,7 +20,7 @@ HONOURED = {field: kinds for kinds, fields in [((str,), "model user safety_ident
   ((dict,), "stream_options response_format structured_outputs chat_template_kwargs")] for field in fields.split()}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
 # other value is a 400 naming the field (the penalties, logit_bias and min_tokens are the next ones to honour, issue #27 item 4). logprobs
-# and top_logprobs went to pay for tensor parallelism (README, "Not supported, and why")
+# and top_logprobs went to pay for tensor parallelism (README, "Not supported, and why"), as did n > 1 (SamplingParams refuses it)
 NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message logprobs"),
   ([1], "repetition_penalty best_of"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
   ([0], "presence_penalty frequency_penalty min_tokens top_logprobs"),
@@ -53,7 +53,7 @@ class OpenAIServer:
     if self.api_key and (scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), self.api_key.encode())):
       raise APIError("Incorrect API key provided.", 401, code="invalid_api_key")
 
-  def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, dict, typing.Callable]:
+  def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, dict, OutputParser]:
     try: body = json.loads(raw, parse_constant=_reject)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
@@ -76,8 +76,6 @@ class OpenAIServer:
     except ParamError as e: raise APIError(str(e), param=max_tokens_field if e.param == "max_tokens" else e.param)
     if (total := len(prompt) + params.max_tokens) > context: raise APIError(f"This model's maximum context length is {context} tokens. "
                    f"However, you requested {total} tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
-    # n sequences take n of the batch's max_num_seqs slots for the whole request: half leaves room for everyone else
-    if params.n > (most_n := max(1, self.config.max_num_seqs // 2)): raise APIError(f"n must be at most {most_n} (half of max_num_seqs)", param="n")
     return prompt, params, body, parser
 
   def account(self, out, counts:list[int]):   # per-choice token counts; on the final output, the latency metrics
@@ -100,16 +98,16 @@ class OpenAIServer:
       if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
     prompt, params, body, parser = await asyncio.to_thread(self.parse, raw)
-    request_id, counts, parsers = f"chatcmpl-{uuid.uuid4().hex}", [0] * params.n, [parser(i) for i in range(params.n)]
+    request_id, counts = f"chatcmpl-{uuid.uuid4().hex}", [0]
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": sum(counts), "total_tokens": len(prompt) + sum(counts)}
-    async def choices():   # one path for both responses: each engine output as its choices' deltas, through chat.py's parsers
+    async def choices():   # one path for both responses: each engine output as its choice's delta, through chat.py's parser
       try:
         async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
           async for out in outputs:
             self.account(out, counts)
-            # text can lag tokens (partial UTF-8, held-back stop strings and tags): only choices that have something to say
-            yield [choice for output in out.outputs if (choice := parsers[output.index].feed(output))]
+            # None while the choice has nothing to say: text can lag tokens (partial UTF-8, held-back stop strings and tags)
+            yield parser.feed(out.outputs[0])
       except ValueError as e: raise APIError(str(e))   # the engine refused the request, and says why
       # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message
       except EngineError: raise APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
@@ -117,9 +115,9 @@ class OpenAIServer:
       sse, chunk = lambda data: f"data: {json.dumps(data)}\n\n", lambda c, **kw: sse({**head, "object": "chat.completion.chunk", "choices": c, **kw})
       async def events():
         async with contextlib.aclosing(choices()) as stream:
-          yield "".join(chunk([p.choice(delta={"role": "assistant", "content": ""})]) for p in parsers)
+          yield chunk([parser.choice(delta={"role": "assistant", "content": ""})])
           try:
-            async for step in stream: yield "".join(chunk([choice]) for choice in step)
+            async for choice in stream: yield chunk([choice]) if choice else ""
             if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage())
           except APIError as e: yield sse(e.body())   # the 200 is sent: the error is an event, as in vLLM
           yield "data: [DONE]\n\n"
@@ -127,11 +125,11 @@ class OpenAIServer:
       # off) closes it, so the engine's abort runs deterministically
       stream = events()
       return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=stream.aclose)
-    async with contextlib.aclosing(choices()) as stream:   # the parsers gather each choice's whole message
+    async with contextlib.aclosing(choices()) as stream:   # the parser gathers the choice's whole message
       # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
       async for _ in stream:
         if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
-    return JSONResponse({**head, "choices": [p.reply() for p in parsers], "usage": usage()})
+    return JSONResponse({**head, "choices": [parser.reply()], "usage": usage()})
 
   async def models(self, request):   # root: the model's name, never a local path
     return self.authorize(request) or JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
@@ -142,9 +140,8 @@ class OpenAIServer:
   async def metrics(self, request): return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
   def collect(self):   # the engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape
-    # requests, as vLLM counts them: n siblings are one request
-    bm, sch = self.llm.engine.block_manager, self.llm.engine.scheduler; running = {s.request_id for s in sch.running}
-    for name, value in {"vllm:num_requests_running": len(running), "vllm:num_requests_waiting": len({s.request_id for s in sch.waiting} - running),
+    bm, sch = self.llm.engine.block_manager, self.llm.engine.scheduler
+    for name, value in {"vllm:num_requests_running": len(sch.running), "vllm:num_requests_waiting": len(sch.waiting),
                         "vllm:kv_cache_usage_perc": 1 - bm.num_free / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
                         "vllm:prefix_cache_hits_total": bm.hits, "vllm:num_preemptions_total": sch.num_preemptions,
                         "vllm:prompt_tokens_total": sch.num_prompt_tokens, "vllm:generation_tokens_total": sch.num_generation_tokens,
