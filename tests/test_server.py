@@ -217,7 +217,6 @@ def test_errors_http(srv):
   assert srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2).usage.completion_tokens >= 1
 
 def test_disconnect_frees_blocks(srv):
-  done = lambda m: sum(v for k, v in m.items() if k.startswith("vllm:request_success_total"))   # requests that ran to the end
   before, n = wait_idle(srv), srv.llm.engine.config.max_model_len - len(srv.tok.encode_chat(MSGS))
   body = {"model": MODEL, "messages": MSGS, "max_tokens": n, "ignore_eos": True, "stream": True}
   for _ in range(4):   # streaming clients that read a few events, then hang up
@@ -227,8 +226,8 @@ def test_disconnect_frees_blocks(srv):
   with pytest.raises(httpx.TimeoutException):   # a non-streaming client that gives up
     httpx.post(srv.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=0.5)
   after = wait_idle(srv)   # no request left running and every KV block back on the free list
-  assert done(after) == done(before), "a dropped request ran to completion instead of being aborted"
-  assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 5 * n / 2
+  # a dropped request that ran to completion would have generated n tokens
+  assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 5 * n / 2, "a dropped request was not aborted"
 
 def test_metrics(srv):
   for _ in range(2): srv.client.chat.completions.create(model=MODEL, messages=MSGS * 4, max_tokens=4)   # the second hits the prefix cache
@@ -237,11 +236,9 @@ def test_metrics(srv):
                "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
     assert name in m and f"# TYPE {name} {'counter' if name.endswith('_total') else 'gauge'}" in text
   assert m["vllm:prompt_tokens_total"] > 0 and m["vllm:generation_tokens_total"] > 0 and m["vllm:prefix_cache_hits_total"] > 0
-  for h in ("vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds"):
-    assert f"# TYPE {h} histogram" in text and m[h + "_count"] > 0 and m[h + "_sum"] > 0
-    buckets = [v for k, v in m.items() if k.startswith(h + '_bucket')]
-    assert buckets == sorted(buckets) and buckets[-1] == m[h + "_count"] and m[f'{h}_bucket,le="+Inf"'] == m[h + "_count"]
-  assert m['vllm:request_success_total,finished_reason="length"'] > 0 and 0 <= m["vllm:kv_cache_usage_perc"] <= 1
+  assert 0 <= m["vllm:kv_cache_usage_perc"] <= 1
+  # the latency histograms and the success counter went to pay for tensor parallelism (README, "Not supported, and why")
+  assert "histogram" not in text and "vllm:request_success" not in text
 
 # ---- issue #13: no request can hurt another -------------------------------------------------------------------------------------------------
 

@@ -79,9 +79,7 @@ class LLMEngine:
 
   def request_output(self, seq:Sequence, delta:CompletionOutput) -> RequestOutput:
     if finished := seq.status == Status.FINISHED: del self.requests[seq.request_id]
-    # vLLM's RequestMetrics: the latency histograms' times
-    metrics = dict(arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time) if finished else {}
-    return RequestOutput(seq.request_id, seq.prompt_token_ids, [delta], finished, metrics)
+    return RequestOutput(seq.request_id, seq.prompt_token_ids, [delta], finished)
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
@@ -103,7 +101,7 @@ class LLM:
     try:
       while self.engine.has_unfinished():
         for out in self.engine.step():
-          result = results[out.request_id]; result.finished, result.metrics = out.finished, out.metrics
+          result = results[out.request_id]; result.finished = out.finished
           for delta in out.outputs: result.outputs[delta.index] += delta; num_tokens += len(delta.token_ids)   # offline outputs are whole
           bar.update(out.finished)
         bar.set_description(f"generate {num_tokens / (time.perf_counter() - start):.0f} tok/s")

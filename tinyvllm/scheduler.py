@@ -1,4 +1,4 @@
-import collections, time, numpy as np
+import collections, numpy as np
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status, CompletionOutput
 from tinyvllm.block_manager import BlockManager
@@ -48,7 +48,7 @@ class Scheduler:
   def check_stop(self, seq:Sequence, token:int, length:int) -> CompletionOutput:
     """Count, detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
     params, searched = seq.params, len(seq.held_text)
-    if seq.first_token_time is None: seq.first_token_time, self.num_prompt_tokens = time.monotonic(), self.num_prompt_tokens + seq.num_prompt_tokens
+    if length == seq.num_prompt_tokens + 1: self.num_prompt_tokens += seq.num_prompt_tokens   # its first token: its prompt is done
     # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
     self.num_generation_tokens += 1; seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
     if token in params.stop_token_ids: reason, stop_reason = "stop", token
@@ -70,4 +70,4 @@ class Scheduler:
   def finish(self, seq:Sequence):
     if seq.status == Status.RUNNING: self.bm.free_blocks(seq); self.running.remove(seq)
     elif seq in self.waiting: self.waiting.remove(seq)
-    seq.status, seq.finish_time = Status.FINISHED, time.monotonic()
+    seq.status = Status.FINISHED

@@ -1,4 +1,4 @@
-import dataclasses, enum, math, time
+import dataclasses, enum, math
 from dataclasses import dataclass, field
 
 # the stop-list bounds keep each token's stop search short, so one request's stop lists can't stall the step
@@ -52,7 +52,7 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-  request_id: str; prompt_token_ids: list[int]; outputs: list[CompletionOutput]; finished: bool = False; metrics: dict = field(default_factory=dict)
+  request_id: str; prompt_token_ids: list[int]; outputs: list[CompletionOutput]; finished: bool = False
 
 class Sequence:
   """One generated continuation: its tokens, how many of them already sit in the KV cache, and its block table."""
@@ -64,5 +64,4 @@ class Sequence:
     # held_text: detokenized text not yet emitted (it may start a stop string); detok: its detokenizer; matcher: llguidance's state of
     # its grammar (structured outputs)
     self.held_text, self.detok, self.matcher = "", None, None
-    self.arrival_time, self.first_token_time, self.finish_time = time.monotonic(), None, None
   def __len__(self): return len(self.token_ids)

@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP server (`python -m tinyvllm.serve`): one AsyncLLM behind a small Starlette app, shaped like vLLM's api_server."""
 import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, time, typing, uuid, uvicorn
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, Metric, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Metric, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -27,8 +27,6 @@ NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_s
   ([[]], "functions bad_words"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
   ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template "
                                   "guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
-# vLLM's latency histograms (vllm:NAME_seconds), with edges from 1 ms to 35 min doubling at each step
-HISTOGRAMS = ("time_to_first_token", "time_per_output_token", "e2e_request_latency")
 
 class APIError(Exception):
   """OpenAI's error body: {"error": {"message", "type", "param", "code"}}; `param` names the request field at fault."""
@@ -43,10 +41,9 @@ class OpenAIServer:
   """vLLM's api_server routes over one AsyncLLM: /v1/chat/completions, /v1/models, /health and /metrics."""
   def __init__(self, llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None):
     self.llm, self.api_key, self.config, self.model = llm, api_key, llm.engine.config, served_model_name or llm.engine.model_name
-    self.registry = CollectorRegistry(); self.registry.register(self)   # one per app, so two servers in one process keep their own counts
-    self.latency = {name: Histogram(f"vllm:{name}_seconds", f"Histogram of {name.replace('_', ' ')} in seconds.", ["model_name"],
-                                    registry=self.registry, buckets=[2**i / 1000 for i in range(22)]).labels(self.model) for name in HISTOGRAMS}
-    self.successes = Counter("vllm:request_success", "finished requests", ["model_name", "finished_reason"], registry=self.registry)
+    # one per app, so two servers in one process keep their own counts. vLLM's latency histograms and success counter went to pay for
+    # tensor parallelism (README, "Not supported, and why")
+    self.registry = CollectorRegistry(); self.registry.register(self)
 
   def authorize(self, request):   # every /v1 route; /health and /metrics stay open for probes and scrapers
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
@@ -78,15 +75,6 @@ class OpenAIServer:
                    f"However, you requested {total} tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
     return prompt, params, body, parser
 
-  def account(self, out, counts:list[int]):   # per-choice token counts; on the final output, the latency metrics
-    for output in out.outputs: counts[output.index] += len(output.token_ids)
-    if not out.finished or not (times := out.metrics): return
-    self.latency["time_to_first_token"].observe(times["first_token_time"] - times["arrival_time"])
-    self.latency["e2e_request_latency"].observe(times["finish_time"] - times["arrival_time"])
-    # the longest choice ends last
-    if max(counts) > 1: self.latency["time_per_output_token"].observe((times["finish_time"] - times["first_token_time"]) / (max(counts) - 1))
-    self.successes.labels(self.model, out.outputs[-1].finish_reason).inc()
-
   async def chat(self, request):
     # the request itself first: its key, the engine's health, and a JSON body of at most MAX_BODY bytes
     self.authorize(request)
@@ -98,14 +86,14 @@ class OpenAIServer:
       if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
     prompt, params, body, parser = await asyncio.to_thread(self.parse, raw)
-    request_id, counts = f"chatcmpl-{uuid.uuid4().hex}", [0]
+    request_id, num_tokens = f"chatcmpl-{uuid.uuid4().hex}", [0]   # completion tokens so far (a list, so choices() can add to it)
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
-    usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": sum(counts), "total_tokens": len(prompt) + sum(counts)}
+    usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": num_tokens[0], "total_tokens": len(prompt) + num_tokens[0]}
     async def choices():   # one path for both responses: each engine output as its choice's delta, through chat.py's parser
       try:
         async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
           async for out in outputs:
-            self.account(out, counts)
+            num_tokens[0] += len(out.outputs[0].token_ids)
             # None while the choice has nothing to say: text can lag tokens (partial UTF-8, held-back stop strings and tags)
             yield parser.feed(out.outputs[0])
       except ValueError as e: raise APIError(str(e))   # the engine refused the request, and says why
