@@ -27,7 +27,8 @@ from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import BUNDLED_MODEL, select_device
 
-ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "block_size", "enforce_eager", "max_model_len", "dtype", "beam")
+ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "block_size", "enforce_eager", "max_model_len", "dtype", "beam",
+               "tensor_parallel_size")
 
 def model_folder(args) -> tuple[str | None, str]:
   """(model folder, load_format) for the engine."""
@@ -112,22 +113,25 @@ def latency(args, llm, name, dev, bw, rate):
   runs = [timed_request(eng, rng.integers(0, vocab, prompt).tolist(), sp) for _ in range(5)][2:]   # 2 warm-up runs (JIT capture)
   dec = statistics.median((len(t) - 1) / (t[-1] - t[0]) for t in runs)
   kv_bytes = 2 * L * KV * hd * it * (prompt + out / 2)    # K and V of the average context, every layer
-  dec_roof = bw / (weight_bytes - inactive * it + kv_bytes)
+  # tensor parallel: the roofline of the GPUs' summed bandwidth (each reads its share of the split weights, and all of the copied ones)
+  tp = eng.config.tensor_parallel_size
+  dec_roof = bw * tp / (weight_bytes - inactive * it + kv_bytes)
   # fresh random prompts each run, so the prefix cache never hits
   ttft = statistics.median([timed_request(eng, rng.integers(0, vocab, T).tolist(), SamplingParams(max_tokens=1))[0] for _ in range(7)][2:])
   proj = sum(t.numel() for k, t in w.items() if k.endswith("_proj.weight")) + experts - inactive
   # prefill: 2 FLOPs per weight per token in the projections, the LM head for the last token only, causal attention (QK^T and PV)
   flops = 2 * T * proj + 2 * runner.model.lm_head.numel() + L * 2 * H * hd * T * (T + 1)
-  ttft_roof = max(flops / rate, weight_bytes / bw)
+  ttft_roof = max(flops / rate / tp, weight_bytes / bw / tp)
   print(f"params {params / 1e6:,.1f} M ({runner.dtype.name}{f', {(params - inactive) / 1e6:,.1f} M active' if experts else ''}), "
         f"bytes read per decode token {(weight_bytes - inactive * it + kv_bytes) / 1e6:,.1f} MB, "
         f"prefill FLOPs for {T} tokens {flops / 1e9:,.1f} G")
   print(f"decode batch 1 ({prompt}-token prompt, {out} tokens): {dec:.1f} tok/s, roofline {dec_roof:.1f} tok/s ({dec / dec_roof:.1%})")
   # the GPU's side of it: the 1-token step's graphs (model and sampler, an empty batch) replayed back to back. The engine's decode rate
   # moved by several percent from one process to the next where this stayed within 0.3% (BENCHMARKS.md, "the padding tiles skipped")
-  runner.prepare([], 1)[0]().tolist(); Device[Device.DEFAULT].synchronize(); t = time.perf_counter()
+  # one device's copy of the tokens (tensor parallel): a multi-device tensor would come to the host through tinygrad's CPU device
+  runner.prepare([], 1)[0]().to(runner.devices[0]).tolist(); Device[Device.DEFAULT].synchronize(); t = time.perf_counter()
   for _ in range(200): last = runner.prepare([], 1)[0]()
-  last.tolist(); print(f"decode step graphs replayed (1-token bucket, 200 times): {(time.perf_counter() - t) / 200 * 1e3:.3f} ms a step")
+  last.to(runner.devices[0]).tolist(); print(f"decode step graphs replayed (1-token bucket, 200 times): {(time.perf_counter() - t) / 200 * 1e3:.3f} ms a step")
   print(f"TTFT {T}-token prompt: {ttft * 1e3:.1f} ms median of 5, roofline {ttft_roof * 1e3:.2f} ms ({ttft_roof / ttft:.1%})")
   print(f"SUMMARY | {name} | {dev} | decode batch 1 | {dec:.1f} tok/s | roofline {dec_roof:.0f} tok/s at {bw / 1e9:.0f} GB/s copy | "
         f"{dec / dec_roof:.1%} |")
@@ -283,12 +287,14 @@ def main():
   p.add_argument("--sequential", action="store_true", help="throughput with one request at a time")
   for flag, default in [("--num-requests", 256), ("--min-input", 100), ("--max-input", 1024), ("--min-output", 100), ("--max-output", 1024),
                         ("--seed", 0), ("--max-num-seqs", None), ("--max-num-batched-tokens", None), ("--block-size", None),
-                        ("--max-model-len", None)]: p.add_argument(flag, type=int, default=default)
+                        ("--max-model-len", None), ("--tensor-parallel-size", None)]: p.add_argument(flag, type=int, default=default)
   p.add_argument("--temperature", type=float, default=0.6)
   p.add_argument("--kv-cache-memory", type=float, help="GB for the KV pool")
   p.add_argument("--enforce-eager", action="store_true", default=None)
   p.add_argument("--dtype")
   p.add_argument("--beam", type=int, help="BEAM width for the decode graphs (searched once, cached in tinygrad's cache.db)")
+  p.add_argument("--one-shot-all-reduce", action="store_true", help="tensor parallel, an experiment: scripts/allreduce_oneshot.py's "
+                 "one-kernel all-reduce (not in the engine: it needs lines the budget lacks) in place of tinygrad's")
   p.add_argument("--copy-gib", type=float, default=1.0, help="latency: buffer size of the bandwidth test")
   p.add_argument("--matmul-size", type=int, help="latency: M=N=K of the matmul test (default 8192, 2048 on CPU)")
   p.add_argument("--peer", choices=["hf", "tinygrad"], help="also run a peer on the same workload after ours, and print the ratios: Hugging "
@@ -309,6 +315,12 @@ def main():
           f"({'fp32' if cpu else 'fp16'}, {args.matmul_size or (2048 if cpu else 8192)}^3)")
   model, load_format = model_folder(args)
   name = model_name(args)
+  if args.one_shot_all_reduce:
+    import allreduce_oneshot
+    from tinyvllm import gemm
+    gemm.all_reduce = allreduce_oneshot.all_reduce
+    # its workspace (flags and exchange buffers) made now: made during a graph's capture, its zeroing would be captured too
+    allreduce_oneshot._workspace(tuple(Device.canonicalize(f"{dev}:{i}") for i in range(args.tensor_parallel_size)))
   t = time.perf_counter()
   llm = LLM(model, args.device, load_format=load_format, **{k: v for k in ENGINE_ARGS if (v := getattr(args, k)) is not None})
   # as the server does (AsyncLLM): the engine lives as long as this process, so no later full collection should walk its ~1M objects (a

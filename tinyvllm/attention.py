@@ -8,6 +8,7 @@ from tinygrad import Tensor, UOp, dtypes, Device
 from tinygrad.uop.ops import KernelInfo, AxisType, Ops
 from tinygrad.dtype import AddrSpace
 from tinygrad.renderer import Estimates
+from tinyvllm.gemm import empty
 
 DENSE_MIN, DENSE_MAX = 512, 2048   # step sizes whose in-step attention is a dense (N, N) matmul (measured on an H200, see BENCHMARKS.md)
 
@@ -93,23 +94,26 @@ def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tenso
   batches)."""
   (N, _, D), KVH, ctx_lens = qkv.shape, k_pool.shape[1], positions + 1; H = qkv.shape[1] - 2*KVH
   assert H % KVH == 0, f"GQA needs H={H} to be a multiple of KVH={KVH}"
+  # tensor parallel: qkv, the pools and the output are split by head, each device running the kernels on its own heads
+  tp, dev = (len(qkv.device), qkv.device[0]) if isinstance(qkv.device, tuple) else (1, qkv.device)
   # vLLM's split of prefill and decode attention: in prefill-sized steps the kernel reads only the cached prefix and the step's own tokens
   # meet through tensor-core matmuls. Smaller steps are mostly decodes (one in-step token each: the kernel alone is cheaper), and the
   # (N, N) scores of larger ones grow quadratically, so those read everything through the kernel. C: enough chunks to fill the GPU at
   # small batches, few enough that the partial results stay small for prefill-sized steps
   dense, C = DENSE_MIN <= N <= DENSE_MAX, max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8)))
-  fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[qkv.device].renderer.has_local)
+  fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[dev].renderer.has_local)
   # with a one-row table token_seq is provably 0 and tinygrad drops it from the kernel's parameters, but tinygrad 0.14's CUDA graph still
   # passes every buffer, and building the graph fails ("invalid argument"): a second row keeps the signature whole
   if block_tables.shape[0] == 1: block_tables = block_tables.pad(((0, 1), None))
   # one output buffer holds each chunk's partial result: [acc (D), m, l]
   # (the kernel reads q's heads of qkv in place)
-  part = Tensor.empty(N, H, C, D + 2, dtype=dtypes.float, device=qkv.device).custom_kernel(qkv, k_pool, v_pool, block_tables, token_seq,
-                                                                                           cached_lens if dense else ctx_lens, fxn=fxn)[0]
+  part = empty((N, H, C, D + 2), dtypes.float, qkv.device, 1).custom_kernel(qkv, k_pool, v_pool, block_tables, token_seq,
+                                                                            cached_lens if dense else ctx_lens, fxn=fxn)[0]
   m, l, acc = part[..., D], part[..., D+1], part[..., :D]
   # the in-step attention's partials join as one more chunk
-  if dense:
-    in_step = in_step_attention(*qkv.split([H, KVH, KVH], dim=1), token_seq)
+  if dense:   # each device's own q, k and v heads
+    q, k, v = qkv.reshape(N, tp, -1, D).split([H // tp, KVH // tp, KVH // tp], dim=2)
+    in_step = in_step_attention(q.reshape(N, H, D), k.reshape(N, KVH, D), v.reshape(N, KVH, D), token_seq)
     m, l, acc = [t.cat(d.unsqueeze(dim), dim=dim) for t, d, dim in zip((m, l, acc), in_step, (-1, -1, 2))]
   # each partial's weight; an empty chunk (m = -inf) weighs 0
   w = (m - m.max(-1, keepdim=True)).exp()

@@ -18,9 +18,10 @@ class Config:
   enable_prefix_caching: bool = True     # share the KV blocks of equal prompt prefixes across requests
   enforce_eager: bool = False            # no TinyJit graphs, for debugging
   seed: int = 0                          # seeds the per-request seeds of requests that don't set one, so offline runs are repeatable
+  tensor_parallel_size: int = 1          # devices DEVICE:0..N-1 that split every layer (Megatron: attention heads and MLP columns)
   beam: int = 0                          # BEAM width for the decode graphs' kernels (tinygrad's BEAM), searched once and kept in its cache.db
   def __post_init__(self):
-    positive = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory")
+    positive = ("tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory")
     if bad := [name for name in positive if getattr(self, name) is not None and not getattr(self, name) > 0]:
       raise ValueError(f"{', '.join(bad)} must be positive (leave unset for the default)")
 

@@ -110,10 +110,23 @@ def _gemv_kernel(Y:UOp, X:UOp, W:UOp, *experts:UOp, lanes:int, rows:int, vec:int
   return Y[m, n].store(acc.cast(Y.dtype)).end(m, r).end(lane, block).sink(arg=KernelInfo(name=f"gemv{'_moe' * bool(experts)}_{M}_{N}_{W.shape[1]}",
     opts_to_apply=(), estimates=Estimates(ops=2*M*N*K, mem=N*K*dtype.itemsize*(M if experts else 1))), tag=1)
 
-def gemv(x:Tensor, w:Tensor, lanes:int, rows:int, vec:int, *experts:Tensor) -> Tensor:
-  """x (M, K) @ w (N, K).T; with experts (A,) int32, w (E, N, K): row a is x's row a // (A / M) times expert experts[a]'s w."""
+def gemv(x:Tensor, w:Tensor, lanes:int, rows:int, vec:int, *experts:Tensor, out:Tensor|None=None) -> Tensor:
+  """x (M, K) @ w (N, K).T; with experts (A,) int32, w (E, N, K): row a is x's row a // (A / M) times expert experts[a]'s w. `out`: the
+  buffer to write, where matmul shards it (tensor parallel)."""
   fxn, rows_out = functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec), experts[0].shape[0] if experts else x.shape[0]
-  return Tensor.empty(rows_out, w.shape[-2], dtype=x.dtype, device=x.device).custom_kernel(x, w.reshape(-1, w.shape[-1]), *experts, fxn=fxn)[0]
+  out = Tensor.empty(rows_out, w.shape[-2], dtype=x.dtype, device=x.device) if out is None else out
+  return out.custom_kernel(x, w.reshape(-1, w.shape[-1]), *experts, fxn=fxn)[0]
+
+def empty(shape:tuple[int, ...], dtype, device, axis:int|None=None) -> Tensor:
+  """An output buffer on one device, copied to every device of a tuple, or (tensor parallel) split on `axis`: each device holds only its
+  shard, as tinygrad's creation helpers build sharded tensors (a buffer of one shard's shape on every device, marked as split)."""
+  if axis is None or not isinstance(device, tuple) or len(device) == 1: return Tensor.empty(*shape, dtype=dtype, device=device)
+  shard = [n // len(device) if i == axis else n for i, n in enumerate(shape)]
+  return Tensor(Tensor.empty(*shard, dtype=dtype, device=device).uop.unshard(axis))
+
+def all_reduce(x:Tensor) -> Tensor:
+  """x (tp*M, N) split on axis 0, each device's shard its partial sum (a row-parallel matmul's) -> their sum (M, N) on every device."""
+  return x.reshape(len(x.device), -1, x.shape[1]).sum(0) if isinstance(x.device, tuple) else x
 
 def hopper(device) -> bool:   # a GPU the wgmma kernel runs on: sm_90 under CUDA (tinygrad's NV backend does not run Hopper); SM90A_GEMM=0: none
   return str(device).startswith("CUDA") and Device[device].renderer.target.arch == "sm_90" and os.getenv("SM90A_GEMM") != "0"
@@ -124,10 +137,14 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   MoE, w (E, N, K) a layer's stacked experts: experts (A,) the expert of each output row (see gemv), through the GEMV where K fills its
   words; or (tiles, T) the expert of each tile of T rows of x (larger steps), so that a tile reads its expert once: on Hopper through the
   wgmma kernel (T = 64, its tile), elsewhere through tinygrad's matmul with the gather of w folded into its loads."""
-  (M, K), N, lanes = x.shape, w.shape[-2], 32 if Device[x.device].renderer.has_local else 1
-  wgmma = hopper(x.device) and x.dtype == w.dtype == dtypes.bfloat16 and K % 64 == 0 and K >= 512 and N % 128 == 0
+  # tensor parallel: w split by rows (axis 0: each device computes its own output columns) or by columns (axis 1: each device a partial
+  # sum, all-reduced below), or copied (None: every device computes all of it). The kernels see one device's shapes: K_dev and N_dev
+  tp, split, dev = (len(w.device), w.uop.axis, w.device[0]) if isinstance(w.device, tuple) else (1, None, x.device)
+  (M, K), N, lanes = x.shape, w.shape[-2], 32 if Device[dev].renderer.has_local else 1
+  K_dev, N_dev = K // tp if split == 1 else K, N // tp if split == 0 else N
+  wgmma = hopper(dev) and x.dtype == w.dtype == dtypes.bfloat16 and K_dev % 64 == 0 and K_dev >= 512 and N_dev % 128 == 0
   # the GEMV below 4 rows beside wgmma, whose 64-row tiles read W faster from there on (scripts/bench_gemv.py on an H100)
-  vec = next((v for v in (4, 2, 1) if x.dtype == w.dtype and K * x.dtype.itemsize % (4 * lanes * v) == 0), 0)   # words per load; 0: no GEMV
+  vec = next((v for v in (4, 2, 1) if x.dtype == w.dtype and K_dev * x.dtype.itemsize % (4 * lanes * v) == 0), 0)   # words per load; 0: no GEMV
   # MoE tiles: on Hopper, tiles of 64 rows are wgmma's, each reading the rows of its own expert. Elsewhere realized at the tiles' shape: the
   # reshape to rows, fused into the matmul, merged a tile's rows into one axis, and tinygrad then read W per row instead of once per tile
   # (TTFT(1024) of Qwen3-30B-A3B 8x slower on the H100)
@@ -135,12 +152,16 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
     rows_x = x.reshape(M, 1, 1, K).expand(M, experts.numel() // M, 1, K).reshape(*experts.shape, 1, K)
     return (rows_x @ w[experts].transpose(-1, -2)).contiguous().reshape(-1, N)
   # 2 rows of W per lane from 4 rows of x, and for the experts' rows (the down projection's short K read 1.4x faster so at batch 1)
-  rows = 2 if (M >= 4 or experts is not None) and N % 2 == 0 else 1
+  rows = 2 if (M >= 4 or experts is not None) and N_dev % 2 == 0 else 1
   # MoE: the experts our kernels take, of each row (GEMV) or of each tile (wgmma)
   ids = () if experts is None else (experts if experts.ndim == 1 else experts[:, 0].contiguous(),)
-  if experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec: return gemv(x, w, lanes, rows, vec, *ids)
-  if not wgmma: return x @ w.T
-  BM, BN, ST, S = cfg or ((64, 128, 8, 1) if ids else plan(M, N, K))
-  # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result)
-  out = Tensor.empty(*(S,)*(S > 1), M, N, dtype=dtypes.float if S > 1 else x.dtype, device=x.device)
-  out = out.custom_kernel(x, w, *ids, fxn=_kernel(M, N, K, x.device, BM, BN, ST, S, bool(ids)))[0]; return out.sum(0).cast(x.dtype) if S > 1 else out
+  small = experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec
+  if not small and not wgmma: return x @ w.T   # tinygrad's matmul (which all-reduces a row-parallel product itself)
+  BM, BN, ST, S = (0, 0, 0, 1) if small else cfg or ((64, 128, 8, 1) if ids else plan(M, N_dev, K_dev))
+  # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result); row-parallel, tp devices' S each
+  rows_out = (S * tp if split == 1 else S) * (ids[0].shape[0] if small and ids else M)
+  out = empty((rows_out, N), dtypes.float if S > 1 else x.dtype, x.device, {0: 1, 1: 0}.get(split))
+  if small: out = gemv(x, w, lanes, rows, vec, *ids, out=out)
+  else: out = out.custom_kernel(x, w, *ids, fxn=_kernel(M, N_dev, K_dev, dev, BM, BN, ST, S, bool(ids)))[0]
+  if S > 1: out = out.reshape(-1, S, M, N).sum(1).cast(x.dtype).reshape(-1, N)
+  return all_reduce(out) if split == 1 else out

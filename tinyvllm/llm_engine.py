@@ -67,7 +67,8 @@ class LLMEngine:
     batch, (seqs, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
-      kept = self.scheduler.receive(seqs, sampled.numpy()[:len(seqs)] if seqs else [])
+      # tensor parallel: every device holds the tokens, one device's copy is read
+      kept = self.scheduler.receive(seqs, sampled.to(self.runner.devices[0]).numpy()[:len(seqs)] if seqs else [])
       self.in_flight = (sampling, launch())
       # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished)
       outputs = [(seq, self.scheduler.check_stop(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch)
@@ -149,7 +150,7 @@ class AsyncLLM:
       except Exception as e:   # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
         log.exception("engine step failed"); failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
         for request_id in failed: self.engine.abort(request_id); outs.append((request_id, EngineError(failed)))
-        try: self.engine.runner.prepare([], self.engine.runner.buckets[0])[0]().tolist()
+        try: runner.prepare([], runner.buckets[0])[0]().to(runner.devices[0]).tolist()   # one device's copy (tensor parallel)
         except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
       self.work.clear()   # clear, then look again: a request that arrived meanwhile set the event after our last check
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()

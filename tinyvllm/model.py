@@ -39,20 +39,25 @@ def weight_shapes(hf_config:dict) -> dict[str, tuple[int, ...]]:
     if hf_config["qk_norm"]: s |= {p+"self_attn.q_norm.weight": (hd,), p+"self_attn.k_norm.weight": (hd,)}
   return s
 
-def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str, Tensor]:
+def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False, devices:tuple[str, ...]=(None,)) -> dict[str, Tensor]:
   """The decoder's weights on the device in `dtype`, fused as the model reads them. vLLM's QKVParallelLinear / MergedColumnParallelLinear:
   projections of the same input are one matrix (fewer launches, and a single reduce is what tinygrad's tensor-core path matches: gate and
   up fused by the scheduler into one two-reduce kernel never used them). A layer's experts are stacked into one (E*rows, cols) matrix per
   projection, which the expert matmuls index by expert. Dummy weights are drawn at the fused shapes: drawing and stacking Qwen3-30B-A3B's
-  18k expert tensors one by one took minutes."""
+  18k expert tensors one by one took minutes.
+  Tensor parallel (Megatron, vLLM's ColumnParallelLinear / RowParallelLinear), over `devices`: the fused q/k/v and gate/up are split by
+  output rows, each device holding its own rows of every part; o_proj and down_proj by input columns (each device's product is a partial
+  sum, all-reduced in gemm.matmul); the rest is copied to every device. A weight is split as it loads, one tensor at a time."""
   shapes, (moe, gate, up, down) = weight_shapes(hf_config), hf_config["moe_names"]
   # each of our tensors: the checkpoint's stacked into it, in weight_shapes' order (q k v; gate up; every expert's gate and up, or down)
   fuse = {r"self_attn\.[qkv]_proj\.": "self_attn.qkv_proj.", r"mlp\.(gate|up)_proj\.": "mlp.gate_up_proj.",
           rf"{moe}\.experts\.\d+\.({gate}|{up})\.": "experts.gate_up.", rf"{moe}\.experts\.\d+\.{down}\.": "experts.down."}
   parts: dict[str, list[str]] = {}
   for k in shapes: parts.setdefault(functools.reduce(lambda name, rule: re.sub(*rule, name), fuse.items(), k), []).append(k)
-  draw = lambda names: Tensor.uniform(sum(shapes[n][0] for n in names), *shapes[names[0]][1:], low=-0.05, high=0.05, dtype=dtype).realize()
-  if dummy: return {k: draw(names) for k, names in tqdm(parts.items(), desc="dummy weights")}
+  tp, axis = len(devices), lambda k: 0 if "qkv_proj" in k or "gate_up_proj" in k else 1 if "o_proj" in k or "down_proj" in k else None
+  place = lambda k, t: t.shard(devices, axis(k)).realize() if tp > 1 else t.realize()
+  draw = lambda names: Tensor.uniform(sum(shapes[n][0] for n in names), *shapes[names[0]][1:], low=-0.05, high=0.05, dtype=dtype)
+  if dummy: return {k: place(k, draw(names)) for k, names in tqdm(parts.items(), desc="dummy weights")}
   index = os.path.join(model_dir, "model.safetensors.index.json")   # a sharded checkpoint names its files there
   files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
   disk = {k: t for f in files for k, t in safe_load(os.path.join(model_dir, f)).items()}
@@ -60,9 +65,9 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False) -> dict[str,
   # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
   widen = lambda t: t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32) if t.dtype == dtypes.bfloat16 else t
   piece = lambda name: widen(disk[name]).to(None).cast(dtype)
-  # a lone tensor is not concatenated: a cat of one is a copy kernel of its own
-  load = lambda names: (Tensor.cat(*map(piece, names)) if len(names) > 1 else piece(names[0])).realize()
-  return {k: load(names) for k, names in tqdm(parts.items(), desc="loading weights")}
+  # a lone tensor is not concatenated: a cat of one is a copy kernel of its own. Split by rows, device d's rows of every part lie together
+  load = lambda names: Tensor.cat(*[piece(n).chunk(tp)[d] for d in range(tp) for n in names]) if len(names) > 1 else piece(names[0])
+  return {k: place(k, load(names)) for k, names in tqdm(parts.items(), desc="loading weights")}
 
 def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
   hd, r = hf_config["head_dim"], hf_config["rope"]; inv = [hf_config["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
@@ -77,8 +82,9 @@ def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
 class Transformer:
   """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm) and the mixture-of-experts Qwen3-MoE and Mixtral (sparse
   feed-forward layers, see experts). Attention is passed in, so the model knows nothing of paging."""
-  def __init__(self, hf_config:dict, weights:dict[str, Tensor], max_len:int):
-    self.hf_config, self.w, (self.cos, self.sin) = hf_config, weights, rope_tables(hf_config, max_len)
+  def __init__(self, hf_config:dict, weights:dict[str, Tensor], max_len:int, devices:tuple[str, ...]=(None,)):
+    self.hf_config, self.w, self.tp = hf_config, weights, len(devices)
+    self.cos, self.sin = (table.to(devices) for table in rope_tables(hf_config, max_len))   # copied to every device
     self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])   # tied embeddings share the matrix
 
   def norm(self, x:Tensor, weight:Tensor) -> Tensor:
@@ -93,20 +99,24 @@ class Transformer:
   def __call__(self, tokens:Tensor, positions:Tensor, attention, rows:Tensor) -> Tensor:
     """tokens, positions: (N,) flattened over the step's sequences; attention(layer, qkv (N, H+2*KV, hd)) -> (N, H, hd). Returns the float
     logits (R, vocab) of the R tokens at `rows` (only the rows that sample need the LM head)."""
-    hf_config, N = self.hf_config, tokens.shape[0]; hd, H, KV = (hf_config[k] for k in ("head_dim", "num_attention_heads", "num_key_value_heads"))
-    cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1); x = self.w["model.embed_tokens.weight"][tokens]
+    hf_config, N, tp = self.hf_config, tokens.shape[0], self.tp
+    hd, H, KV = (hf_config[k] for k in ("head_dim", "num_attention_heads", "num_key_value_heads"))
+    cos, sin = self.cos[positions].reshape(N, 1, 1, -1), self.sin[positions].reshape(N, 1, 1, -1); x = self.w["model.embed_tokens.weight"][tokens]
     for i in range(hf_config["num_hidden_layers"]):
       p = f"model.layers.{i}."; h = self.norm(x, self.w[p+"input_layernorm.weight"])
-      qkv = self.linear(h, p+"self_attn.qkv_proj").reshape(N, -1, hd)   # (N, H+2*KV, hd)
+      # (N, tp, (H+2*KV)/tp, hd): each device's q, k and v heads (tensor parallel; tp = 1 on one device)
+      qkv = self.linear(h, p+"self_attn.qkv_proj").reshape(N, tp, -1, hd)
       # q and k (normed together, each head by its own weight) are roped and put back beside v in one kernel, which the attention kernels
       # read at their heads' offsets: no copy of q, k or v of their own (5 kernels a layer were 3 for Qwen3, 3 were 1 for Llama)
-      qk = qkv[:, :H+KV]
+      qk = qkv[:, :, :(H+KV)//tp]
       if hf_config["qk_norm"]:
-        qk = self.norm(qk, self.w[p+"self_attn.q_norm.weight"].expand(H, hd).cat(self.w[p+"self_attn.k_norm.weight"].expand(KV, hd)))
-      x = x + self.linear(attention(i, self.rope(qk, cos, sin).cat(qkv[:, H+KV:], dim=1)).reshape(N, -1), p+"self_attn.o_proj")
+        qk = self.norm(qk, self.w[p+"self_attn.q_norm.weight"].expand(H//tp, hd).cat(self.w[p+"self_attn.k_norm.weight"].expand(KV//tp, hd)))
+      qkv = self.rope(qk, cos, sin).cat(qkv[:, :, (H+KV)//tp:], dim=2).reshape(N, -1, hd)   # (N, H+2*KV, hd)
+      x = x + self.linear(attention(i, qkv).reshape(N, -1), p+"self_attn.o_proj")
       h = self.norm(x, self.w[p+"post_attention_layernorm.weight"])
       if i in hf_config["moe_layers"]: x = x + self.experts(h, p); continue
-      gate, up = self.linear(h, p+"mlp.gate_up_proj").chunk(2, -1)
+      # each device's gate and up columns
+      gate, up = (t.reshape(N, -1) for t in self.linear(h, p+"mlp.gate_up_proj").reshape(N, tp, 2, -1).split(1, dim=2))
       # contiguous: fused into the down matmul's loads, silu(gate)*up was recomputed for every output tile (measured 2x slower on an H200)
       x = x + self.linear((gate.silu() * up).contiguous(), p+"mlp.down_proj")
     return gemm.matmul(self.norm(x, self.w["model.norm.weight"])[rows], self.lm_head).float()

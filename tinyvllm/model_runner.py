@@ -3,6 +3,7 @@ from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
 from tinyvllm.config import Config, log
 from tinyvllm.model import read_config, load_weights, Transformer
+from tinyvllm.gemm import empty
 from tinyvllm.attention import words, kv_write, paged_attention
 from tinyvllm.sampler import sample
 from tinyvllm.sequence import Sequence
@@ -46,8 +47,16 @@ class ModelRunner:
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.cache_key} ready") or ()): cache.update(stored)
     # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
     if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
+    # tensor parallel: DEVICE:0..N-1 (virtual devices on the CPU), each holding its share of every layer's heads and of the KV pool
+    tp, heads, kv_heads = config.tensor_parallel_size, hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
+    if heads % tp or kv_heads % tp: raise ValueError(f"tensor_parallel_size {tp} must divide the {heads} attention heads and {kv_heads} KV heads")
+    if tp > 1 and hf_config["moe_layers"]: raise ValueError("mixture-of-experts models run with tensor_parallel_size 1 (for now)")
+    self.devices = tuple(f"{self.device}:{i}" for i in range(tp))
+    try: Device[self.devices[-1]]   # the last one opens only if all before it exist
+    except Exception as e: raise ValueError(f"tensor_parallel_size {tp}: tinygrad cannot open {self.devices[-1]} ({e})") from None
     self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
-    self.model = Transformer(hf_config, load_weights(model_dir, hf_config, self.dtype, dummy=config.load_format == "dummy"), self.max_model_len)
+    weights = load_weights(model_dir, hf_config, self.dtype, config.load_format == "dummy", self.devices)
+    self.model = Transformer(hf_config, weights, self.max_model_len, self.devices)
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
@@ -56,24 +65,27 @@ class ModelRunner:
     kv_gb = config.kv_cache_memory or min(config.max_num_seqs * self.max_model_len // block_size * bytes_per_block / 1e9, 4.0)
     if config.kv_cache_memory is None and self.device == "CUDA":
       import ctypes, tinygrad.runtime.autogen.cuda as cuda   # free and total bytes
-      cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); kv_gb = 0.8 * free.value / 1e9
+      cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); kv_gb = 0.8 * free.value / 1e9 * tp
     # one sequence must always fit the pool, or preemption can't help
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1); self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
-    # not zeroed: attention reads only slots its tokens wrote, and zeroing a large pool takes seconds on a CPU (BENCHMARKS.md, issue #40)
-    self.kv = [[words(Tensor.empty(*pool_shape, dtype=self.dtype)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
+    # not zeroed: attention reads only slots its tokens wrote, and zeroing a large pool takes seconds on a CPU (BENCHMARKS.md, issue #40).
+    # Tensor parallel: split by KV head
+    self.kv = [[words(empty(pool_shape, self.dtype, self.devices, 1)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
     top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
     # a row samples per sequence; a block-table row is as long as the longest sequence
     self.max_rows, self.max_blocks = min(top, config.max_num_seqs), -(-self.max_model_len // block_size)
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
-    self.step_buffer = Tensor(np.zeros(top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS)), np.int32)).realize()
+    size = top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS))
+    self.step_buffer = Tensor(np.zeros(size, np.int32)).to(self.devices).realize()   # tensor parallel: a copy on every device
     # TinyJit graphs (the model's by token bucket, the sampler's by row count), llguidance's thread pool, and the sizes of the stored caches
     # as read (written back only if capturing adds to them)
     self.graphs, self.grammar_pool, self.stored = {}, llguidance.LLExecutor(), list(map(len, STORED_CACHES))
     # a batch that only uses top-k/top-p reuses one all-ones grammar mask per row count, uploaded once instead of every step
-    self.no_grammar = functools.cache(lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).realize())
+    ones = lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).to(self.devices).realize()
+    self.no_grammar = functools.cache(ones)
     # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
     # server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers are both in, so no step
@@ -153,7 +165,8 @@ class ModelRunner:
       rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
-      (dev := self.step_buffer.uop.buffer).allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
+      for dev in getattr(buffer := self.step_buffer.uop.buffer, "bufs", [buffer]):   # each device's copy (a MultiBuffer's bufs)
+        dev.allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
       logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
       return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
     return launch, sampled
@@ -163,7 +176,7 @@ class ModelRunner:
     if not (rows := [(seq.matcher, row) for row, seq in enumerate(sampled) if seq.matcher]): return self.no_grammar(num_rows)
     # on llguidance's thread pool, while the GPU runs the step's forward pass (launched before this is called)
     words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
-    llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words); return Tensor(words)
+    llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words); return Tensor(words).to(self.devices)
 
   def capture_next(self) -> tuple:
     """Capture the first pending unit, and return it (it stays pending until it is in); after the last, store the caches they filled. BEAM,
