@@ -1,5 +1,5 @@
 import functools, json, math, os, re
-from tinygrad import Tensor, dtypes
+from tinygrad import Tensor, Device, dtypes
 from tinygrad.nn.state import safe_load
 from tinygrad.helpers import tqdm
 from tinyvllm import gemm
@@ -55,7 +55,12 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False, devices:tupl
   parts: dict[str, list[str]] = {}
   for k in shapes: parts.setdefault(functools.reduce(lambda name, rule: re.sub(*rule, name), fuse.items(), k), []).append(k)
   tp, axis = len(devices), lambda k: 0 if "qkv_proj" in k or "gate_up_proj" in k else 1 if "o_proj" in k or "down_proj" in k else None
-  place = lambda k, t: t.shard(devices, axis(k)).realize() if tp > 1 else t.realize()
+  def place(k:str, t:Tensor) -> Tensor:
+    t = (t.shard(devices, axis(k)) if tp > 1 else t).realize()
+    # tinygrad stages each copy from disk through a pinned host buffer of its size, freed only at a synchronize: without one the whole
+    # checkpoint ends up pinned, with one the next weights of that size reuse the buffer (8B: 10-11 s -> 4.5-4.8 s; BENCHMARKS.md)
+    Device[Device.DEFAULT].synchronize()
+    return t
   draw = lambda names: Tensor.uniform(sum(shapes[n][0] for n in names), *shapes[names[0]][1:], low=-0.05, high=0.05, dtype=dtype)
   if dummy: return {k: place(k, draw(names)) for k, names in tqdm(parts.items(), desc="dummy weights")}
   index = os.path.join(model_dir, "model.safetensors.index.json")   # a sharded checkpoint names its files there
