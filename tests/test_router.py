@@ -100,14 +100,10 @@ def test_a_shared_prefix_goes_back_to_the_replica_that_cached_it(cluster):
     mine = lambda i: [n for (name, _), n in zip(jobs, lengths) if served[name] == i]   # the follow-ups whose prefix replica i cached
     assert prompts == [sum(mine(i)) for i in range(2)], f"prompt tokens {prompts}, prefixes first served by {served}"
     assert all(hits[i] >= len(mine(i)) * 16 * (min(lengths) // 16 - 1) for i in range(2)), f"hits {hits}, prefixes first served by {served}"
-  try: check()
-  except AssertionError as e:
-    # vllm-router 0.1.17's cache_aware routes on the prompt's token ids, which it asks the worker for (vLLM's POST
-    # /v1/chat/completions/render, then /tokenize); tinyvllm.serve has neither (404), so every request is routed as "missing_tokens":
-    # to the least-loaded replica, ties to the first. Until the endpoint exists (issue #56), this is the expected failure.
-    if router_counter(cluster, r'vllm_router_kv_routing_inputs_total\{.*result="render_unavailable"'):
-      pytest.xfail(f"vllm-router got no token ids from tinyvllm.serve (no /v1/chat/completions/render): routed by load, not prefix: {e}")
-    raise
+  # vllm-router 0.1.17's cache_aware routes on the prompt's token ids, which it asks the worker for (vLLM's POST
+  # /v1/chat/completions/render); without them it routed every request to the least-loaded replica, ties to the first (issue #56)
+  check()
+  assert not router_counter(cluster, r'vllm_router_kv_routing_inputs_total\{.*result="render_unavailable"'), "the router got no token ids"
 
 def test_a_killed_replica_is_drained(cluster):
   """SIGKILL one replica under streaming load: every stream ends (finished, or an error the client sees) in bounded time, none hangs;

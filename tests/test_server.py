@@ -129,6 +129,13 @@ def test_seed(srv):
            for s in (7, 7, 8, 9, 10)]
   assert texts[0] == texts[1] and len(set(texts[1:])) > 1
 
+def test_render_gives_the_prompts_token_ids(srv):
+  """vLLM's /v1/chat/completions/render (what vllm-router's cache_aware routes by): the chat template's token ids, checked like a chat
+  request (a bad field is the same 400), and nothing generated."""
+  r = httpx.post(srv.url + "/v1/chat/completions/render", json={"messages": MSGS, "max_tokens": 4}, timeout=30)
+  assert r.status_code == 200 and r.json() == {"token_ids": srv.tok.encode_chat(MSGS)}
+  assert_error(httpx.post(srv.url + "/v1/chat/completions/render", json={"messages": MSGS, "n": 2}, timeout=30), 400, "n")
+
 def test_raw_sse_order(srv):
   body = {"model": MODEL, "messages": MSGS, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}
   with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:

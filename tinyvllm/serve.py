@@ -38,7 +38,7 @@ class APIError(Exception):
 def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
 
 class OpenAIServer:
-  """vLLM's api_server routes over one AsyncLLM: /v1/chat/completions, /v1/models, /health and /metrics."""
+  """vLLM's api_server routes over one AsyncLLM: /v1/chat/completions (and its /render), /v1/models, /health and /metrics."""
   def __init__(self, llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None):
     self.llm, self.api_key, self.config, self.model = llm, api_key, llm.engine.config, served_model_name or llm.engine.model_name
     # one per app, so two servers in one process keep their own counts. vLLM's latency histograms and success counter went to pay for
@@ -86,6 +86,8 @@ class OpenAIServer:
       if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
     prompt, params, body, parser = await asyncio.to_thread(self.parse, raw)
+    # vLLM's /v1/chat/completions/render: the prompt's token ids alone, what vllm-router's cache_aware policy routes by (issue #56)
+    if request.url.path.endswith("/render"): return JSONResponse({"token_ids": prompt})
     request_id, num_tokens = f"chatcmpl-{uuid.uuid4().hex}", [0]   # completion tokens so far (a list, so choices() can add to it)
     head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": num_tokens[0], "total_tokens": len(prompt) + num_tokens[0]}
@@ -147,6 +149,7 @@ def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=No
               HTTPException: lambda request, e: APIError(e.detail, e.status_code, not_found(e.status_code), code=e.status_code).response(),
               Exception: lambda request, e: APIError("Internal server error", 500, "InternalServerError", code=500).response()}
   return Starlette(exception_handlers=handlers, routes=[Route("/v1/chat/completions", server.chat, methods=["POST"]),
+                   Route("/v1/chat/completions/render", server.chat, methods=["POST"]),
                    Route("/v1/models", server.models), Route("/health", server.health), Route("/metrics", server.metrics)])
 
 def main():
