@@ -20,8 +20,8 @@ def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, QKV:UOp) -> UOp:
   s = (s := SL[n].cast(dtypes.weakint)).valid((s >= 0) & (s < KP.shape[0]))
   bits = lambda head, i: QKV[n, head, i].bitcast(dtypes.uint16).cast(dtypes.uint32)
   word = lambda head: QKV[n, head, w].cast(KP.dtype) if KP.shape[2] == QKV.shape[2] else bits(head, 2*w) | bits(head, 2*w + 1) << 16  # see words
-  kv = (word(QKV.shape[1] - 2*KVH + h), word(QKV.shape[1] - KVH + h))
-  return UOp.group(KP[s, h, w].store(kv[0]), VP[s, h, w].store(kv[1])).end(n, h, w).sink(arg=KernelInfo(name="kv_write"))
+  k, v = word(QKV.shape[1] - 2*KVH + h), word(QKV.shape[1] - KVH + h)
+  return UOp.group(KP[s, h, w].store(k), VP[s, h, w].store(v)).end(n, h, w).sink(arg=KernelInfo(name="kv_write"))
 
 # 16-bit pools hold 32-bit words of two elements each, as tinygrad widens uint loads to 16 bytes and leaves bf16 ones scalar
 words = lambda x: x.bitcast(dtypes.uint32) if x.dtype.itemsize == 2 else x

@@ -37,9 +37,9 @@ class BlockManager:
     seq.block_hashes = [self.hash_of[b] for b in shared] if all(b in self.hash_of for b in shared) else []
     self.queries, self.hits = self.queries + len(seq), self.hits + seq.num_computed_tokens; return True
 
-  def append(self, seq:Sequence, num_tokens:int) -> bool:
-    """Grow the block table on demand so the next num_tokens tokens have slots; False, taking nothing, if too few blocks are free."""
-    if (need := -(-(seq.num_computed_tokens + num_tokens) // self.block_size) - len(seq.block_table)) > self.num_free: return False
+  def append(self, seq:Sequence, num_new:int) -> bool:
+    """Grow the block table on demand so the next num_new tokens have slots; False, taking nothing, if too few blocks are free."""
+    if (need := -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)) > self.num_free: return False
     seq.block_table += [self._take() for _ in range(need)]; return True
 
   def commit(self, seq:Sequence):

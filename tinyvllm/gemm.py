@@ -65,8 +65,9 @@ def _launch_with_smem(program_t:type):
 def _kernel(M:int, N:int, K:int, dev:str, BM:int, BN:int, ST:int, S:int, moe:bool=False):
   from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler   # here, so other backends never load CUDA's libraries
   _launch_with_smem(Device[dev].runtime_t); SMEM[name := f"gemm{'_moe' * moe}_{BM}x{BN}x{ST}"] = ST*(BM+BN)*128 + 1024
-  acc = ",".join(f"%{i}" for i in range(BN//2)), ", ".join(f'"+f"(d[{i}])' for i in range(BN//2))   # the accumulator tile: BN/2 per thread
-  mma = f'asm volatile("wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.bf16.bf16 {{{acc[0]}}}, %{BN//2}, %{BN//2+1}, 1, 1, 1, 0, 0;" : {acc[1]}'
+  # the accumulator tile, BN/2 floats per thread: its registers in the instruction, bound to d[] as read-write outputs
+  regs, binds = ",".join(f"%{i}" for i in range(BN//2)), ", ".join(f'"+f"(d[{i}])' for i in range(BN//2))
+  mma = f'asm volatile("wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.bf16.bf16 {{{regs}}}, %{BN//2}, %{BN//2+1}, 1, 1, 1, 0, 0;" : {binds}'
   defs = {"NAME": name, "M": M, "N": N, "K": K, "BM": BM, "BN": BN, "ST": ST, "S": S, "MMA(a, b)": mma + ' : "l"(a), "l"(b))',
           "EXPERTS": ", const int *X" if moe else "", "EXPERT": "X[blockIdx.x]" if moe else 0}   # MoE: the expert of each BM-row tile
   src = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SRC; lib = NVRTCCompiler("sm_90a", ptx=False).compile_cached(src)

@@ -30,8 +30,8 @@ class LLMEngine:
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
-    # requests: request id -> its sequence; in_flight: the launched step's sampling sequences and the tokens they
-    # get, still on the GPU
+    # requests: request id -> its sequence; in_flight: the launched step's sampling sequences and the tensor of the tokens they
+    # get (sampled), still on the GPU
     self.requests, self.in_flight, self.grammar_tokenizer = {}, ([], None), grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams) -> tuple[list[int], str | None]:
@@ -64,16 +64,16 @@ class LLMEngine:
     """One engine iteration, overlapped with the GPU as in vLLM's async scheduling: step N+1 is scheduled and packed while the GPU runs
     step N; step N's tokens are waited for only then (they are N+1's inputs), and detokenized and stop-checked while the GPU runs N+1.
     Returns a delta (new text and token ids) for each request whose sequence produced a token."""
-    batch, (seqs, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
+    batch, (sampling, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
-      launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
+      launch, next_sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
       # tensor parallel: every device holds the tokens, one device's copy is read
-      kept = self.scheduler.receive(seqs, sampled.to(self.runner.devices[0]).numpy()[:len(seqs)] if seqs else [])
-      self.in_flight = (sampling, launch())
+      kept = self.scheduler.receive(sampling, sampled.to(self.runner.devices[0]).numpy()[:len(sampling)] if sampling else [])
+      self.in_flight = (next_sampling, launch())
       # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished)
-      outputs = [(seq, self.scheduler.check_stop(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch)
+      outputs = [(seq, self.scheduler.postprocess(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch)
     except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
-      failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)
+      failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), ([], None)
       for request_id in failed: self.abort(request_id)
       raise EngineError(failed) from e
     return [self.request_output(seq, output) for seq, output in outputs]

@@ -125,35 +125,36 @@ class ModelRunner:
     return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
 
   def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple[typing.Callable, list]:
-    """Packs the step that computes k tokens of each (seq, k). Returns its launch, which gives (on the GPU, not waited for) one token
-    for each sequence whose last token is computed, and those sequences, in batch order. The launch reads the input tokens last: with
-    async scheduling, the previous step's samples are among them, and they arrive only just before."""
+    """Packs the step that computes num_new tokens of each (seq, num_new). Returns its launch, which gives (on the GPU, not waited for)
+    the sampled tensor, one token for each sequence whose last token is computed, and those sampling sequences, in batch order. The
+    launch reads the input tokens last: with async scheduling, the previous step's samples are among them, and they arrive only just
+    before."""
     block_size, vocab_size = self.config.block_size, self.hf_config["vocab_size"]
     # one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy calls per
     # sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
-    scalars = [(s.num_computed_tokens, k, len(s), len(s.block_table), s.seed, s.params.top_k) for s, k in batch]
+    scalars = [(s.num_computed_tokens, num_new, len(s), len(s.block_table), s.seed, s.params.top_k) for s, num_new in batch]
     num_cached, num_new, length, num_blocks, seed, top_k = np.array(scalars, int).reshape(-1, 6).T
     floats = [(s.params.temperature, s.params.top_p, s.params.min_p) for s, _ in batch]   # they travel as float32 bits
     temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T; total = int(num_new.sum())
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
     layout = step_layout(num_tokens, num_rows := min(num_tokens, self.max_rows), self.max_blocks)
     packed = np.zeros(max(where.stop for where in layout.values()), np.int32)
-    # rows are views: writing a row writes the buffer
-    rows = {name: packed[where] for name, where in layout.items()}; block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
+    # inputs are views: writing one writes the buffer
+    inputs = {name: packed[where] for name, where in layout.items()}; block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     block_tables[:len(batch)][np.arange(self.max_blocks) < num_blocks[:, None]] = list(itertools.chain(*(s.block_table for s, _ in batch)))
     seq_of_token = np.repeat(np.arange(len(batch)), num_new)
     positions = np.arange(total) - np.repeat(np.cumsum(num_new) - num_new, num_new) + num_cached[seq_of_token]
-    rows["positions"][:total], rows["token_seq"][:total], rows["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
+    inputs["positions"][:total], inputs["token_seq"][:total], inputs["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
     # padding tokens write nowhere
-    rows["slots"][:] = -1; rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+    inputs["slots"][:] = -1; inputs["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
     # a row samples after a sequence's last token, once its prompt is done
     row_seq = seq_of_token[logits_idx := np.flatnonzero(positions >= (length - 1)[seq_of_token])]
     top_k = np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size)
     per_row = {"logits_idx": logits_idx, "out_positions": positions[logits_idx] + 1} | {name: values[row_seq] for name, values in
                (("seeds", seed), ("temperatures", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}
-    for name, values in per_row.items(): rows[name][:len(row_seq)] = values
-    sampled = [batch[i][0] for i in row_seq]
-    filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
+    for name, values in per_row.items(): inputs[name][:len(row_seq)] = values
+    sampling = [batch[i][0] for i in row_seq]
+    filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampling)
     def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit; the sizes (ints) are baked in at capture
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load). The step
       # buffer is read where it lies, not passed in: tinygrad rewrites every graph node that reads an input at each replay (tinygrad
@@ -162,21 +163,21 @@ class ModelRunner:
       if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn); jit.cnt = 1
       return (fxn if self.config.enforce_eager else jit)(*args, **sizes)
     def launch() -> Tensor:
-      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int)
+      inputs["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + num_new] for s, num_new in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
       for dev in getattr(buffer := self.step_buffer.uop.buffer, "bufs", [buffer]):   # each device's copy (a MultiBuffer's bufs)
         dev.allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
       logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
-      return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
-    return launch, sampled
+      return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampling, num_rows)] if filtered else []))
+    return launch, sampling
 
-  def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
-    """Each sampled row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
-    if not (rows := [(seq.matcher, row) for row, seq in enumerate(sampled) if seq.matcher]): return self.no_grammar(num_rows)
+  def grammar_masks(self, sampling:list[Sequence], num_rows:int) -> Tensor:
+    """Each sampling row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
+    if not (matchers := [(seq.matcher, row) for row, seq in enumerate(sampling) if seq.matcher]): return self.no_grammar(num_rows)
     # on llguidance's thread pool, while the GPU runs the step's forward pass (launched before this is called)
-    words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
-    llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words); return Tensor(words).to(self.devices)
+    bitmask = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
+    llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, matchers, bitmask); return Tensor(bitmask).to(self.devices)
 
   def capture_next(self) -> tuple:
     """Capture the first pending unit, and return it (it stays pending until it is in); after the last, store the caches they filled. BEAM,

@@ -18,13 +18,14 @@ def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
   at 128k tokens one of the largest parts of a warm start (BENCHMARKS.md, issue #40)."""
   return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))
 
-def compile_grammar(structured_outputs:dict, tokenizer:llguidance.LLTokenizer) -> str:
-  """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} as a checked grammar."""
+def compile_grammar(structured_outputs:dict, ll_tokenizer:llguidance.LLTokenizer) -> str:
+  """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} as a grammar checked against
+  llguidance's tokenizer (grammar_tokenizer's)."""
   if not isinstance(structured_outputs, dict) or len(structured_outputs) != 1 or next(iter(structured_outputs)) not in GRAMMARS:
     raise ParamError("structured_outputs", f"takes one of {sorted(GRAMMARS)}")
   try: grammar = GRAMMARS[kind := next(iter(structured_outputs))](structured_outputs[kind])
   except (ValueError, TypeError) as e: raise ParamError("structured_outputs", f"{kind} is not valid: {e}") from None
-  if error := LLMatcher.validate_grammar(grammar, tokenizer): raise ParamError("structured_outputs", error)
+  if error := LLMatcher.validate_grammar(grammar, ll_tokenizer): raise ParamError("structured_outputs", error)
   return grammar
 
 def hash_uniform(seeds:Tensor, positions:Tensor, vocab_size:int) -> Tensor:
