@@ -1,3 +1,5 @@
+"""KV blocks as bookkeeping: which blocks of model_runner's KV pool each sequence holds (its block table), and prefix caching. Only the
+scheduler calls it; it writes the sequences' block tables and counts, and never touches the pool itself."""
 import collections, hashlib, itertools
 from tinyvllm.sequence import Sequence
 

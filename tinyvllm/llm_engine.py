@@ -1,3 +1,7 @@
+"""The engine, first stop of a request below the server: serve.py -> llm_engine -> scheduler -> model_runner / block_manager. LLMEngine
+checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, receive, postprocess); LLM is the offline API over it,
+AsyncLLM the server's (the loop on a background thread, fed through an inbox). It owns the tokenizer, the scheduler and the runner, and
+reaches the device only through the runner."""
 import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
 from tinyvllm.config import Config, log, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput

@@ -1,3 +1,6 @@
+"""The model: a Hugging Face folder's config.json and safetensors read into one decoder (Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral),
+its matmuls through gemm.py. model_runner calls it on the step's flattened tokens with an attention function; it knows nothing of
+requests, paging or sampling."""
 import functools, json, math, os, re
 from tinygrad import Tensor, Device, dtypes
 from tinygrad.nn.state import safe_load

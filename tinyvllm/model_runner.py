@@ -1,3 +1,7 @@
+"""The runner, the device side of a step: llm_engine hands it the scheduler's batch, it packs the batch into one step buffer and
+launches the model (model.py, attention.py over the KV pool it owns) and the sampler (sampler.py) as captured TinyJit graphs, and
+returns the sampled tokens still on the device. Everything on the device goes through it; it also keeps tinygrad's compile caches
+across start-ups."""
 import functools, itertools, typing, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB

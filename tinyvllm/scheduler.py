@@ -1,3 +1,6 @@
+"""The scheduler, called by llm_engine each step: which sequences run and how many new tokens of each (continuous batching, chunked
+prefill, preemption), then the host side of the tokens they sample (placeholders, grammar state, stop checks, detokenized text). It
+takes KV blocks from block_manager and never touches the device: model_runner computes what it schedules."""
 import collections, numpy as np
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status, CompletionOutput

@@ -1,3 +1,6 @@
+"""A request's data, with vLLM's names: SamplingParams (checked here, once, for the server and the offline API), the Sequence that
+carries one request through llm_engine, scheduler, block_manager and model_runner, and the outputs llm_engine returns. Plain data,
+imported by every layer; it imports nothing of the engine."""
 import dataclasses, enum, math
 from dataclasses import dataclass, field
 
