@@ -37,7 +37,8 @@ class ModelRunner:
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs)."""
   def __init__(self, config:Config, model_dir:str):
     start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
-    # on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
+    # -- compile caches: tinygrad's, kept in its cache.db across start-ups (see STORED_CACHES, SHIPPED_CACHE)
+    # the shipped cache on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
     # emptied first: what another engine of this process (a test suite, a notebook's second LLM) left in them would be stored under our
     # keys too (the bundled model's first-graphs entry: 0.71 MB alone, 5.0 MB after one other engine, 49 MB after the test suite)
@@ -51,6 +52,7 @@ class ModelRunner:
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.cache_key} ready") or ()): cache.update(stored)
     # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
     if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
+    # -- devices and weights
     # tensor parallel: DEVICE:0..N-1 (virtual devices on the CPU), each holding its share of every layer's heads and of the KV pool
     tp, heads, kv_heads = config.tensor_parallel_size, hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
     if heads % tp or kv_heads % tp: raise ValueError(f"tensor_parallel_size {tp} must divide the {heads} attention heads and {kv_heads} KV heads")
@@ -62,6 +64,7 @@ class ModelRunner:
     weights = load_weights(model_dir, hf_config, self.dtype, config.load_format == "dummy", self.devices)
     self.model = Transformer(hf_config, weights, self.max_model_len, self.devices)
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
+    # -- KV pool: per layer a K and a V pool of (num_blocks * block_size slots, KV heads, head_dim); max_model_len cut to what it holds
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
     # by default enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB; on CUDA, the one device where tinygrad tells free
@@ -77,6 +80,7 @@ class ModelRunner:
     # Tensor parallel: split by KV head
     self.kv = [[words(empty(pool_shape, self.dtype, self.devices, 1)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
+    # -- step buffer: the token buckets (powers of two up to the largest step) and the one input buffer they all read
     top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
     # a row samples per sequence; a block-table row is as long as the longest sequence
     self.max_rows, self.max_blocks = min(top, config.max_num_seqs), -(-self.max_model_len // block_size)
@@ -84,12 +88,14 @@ class ModelRunner:
     # its bucket uses (see prepare)
     size = top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS))
     self.step_buffer = Tensor(np.zeros(size, np.int32)).to(self.devices).realize()   # tensor parallel: a copy on every device
-    # TinyJit graphs (the model's by token bucket, the sampler's by row count), llguidance's thread pool, and the sizes of the stored caches
-    # as read (written back only if capturing adds to them)
-    self.graphs, self.grammar_pool, self.stored = {}, llguidance.LLExecutor(), list(map(len, STORED_CACHES))
-    # a batch that only uses top-k/top-p reuses one all-ones grammar mask per row count, uploaded once instead of every step
+    # the sampler's other input, the grammar masks: filled on llguidance's thread pool; a batch that only uses top-k/top-p reuses one
+    # all-ones mask per row count, uploaded once instead of every step
     ones = lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).to(self.devices).realize()
-    self.no_grammar = functools.cache(ones)
+    self.no_grammar, self.grammar_pool = functools.cache(ones), llguidance.LLExecutor()
+    # -- capture plan
+    # TinyJit graphs (the model's by token bucket, the sampler's by row count), and the sizes of the stored caches as read (written back
+    # only if capturing adds to them)
+    self.graphs, self.stored = {}, list(map(len, STORED_CACHES))
     # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
     # server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers are both in, so no step
@@ -134,31 +140,38 @@ class ModelRunner:
     launch reads the input tokens last: with async scheduling, the previous step's samples are among them, and they arrive only just
     before."""
     block_size, vocab_size = self.config.block_size, self.hf_config["vocab_size"]
-    # one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy calls per
-    # sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
+    # -- per sequence: one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy
+    # calls per sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
     scalars = [(s.num_computed_tokens, num_new, len(s), len(s.block_table), s.seed, s.params.top_k) for s, num_new in batch]
+    # (len(batch),) each
     num_cached, num_new, length, num_blocks, seed, top_k = np.array(scalars, int).reshape(-1, 6).T
     floats = [(s.params.temperature, s.params.top_p, s.params.min_p) for s, _ in batch]   # they travel as float32 bits
+    # (len(batch),) each, float32 bits as int32; total: the step's real tokens
     temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T; total = int(num_new.sum())
+    # -- the step buffer's part for the smallest bucket that holds the step (or the one asked for): num_tokens tokens, num_rows rows
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
     layout = step_layout(num_tokens, num_rows := min(num_tokens, self.max_rows), self.max_blocks)
+    # (layout's last stop,): the bucket's part of the step buffer, which launch copies to the device
     packed = np.zeros(max(where.stop for where in layout.values()), np.int32)
-    # inputs are views: writing one writes the buffer
+    # inputs are views: writing one writes packed. block_tables: (num_rows, max_blocks), sequence i's table in row i
     inputs = {name: packed[where] for name, where in layout.items()}; block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     block_tables[:len(batch)][np.arange(self.max_blocks) < num_blocks[:, None]] = list(itertools.chain(*(s.block_table for s, _ in batch)))
+    # -- per token, (total,) each (the bucket's tokens past total are padding): its sequence, position, cached length and KV slot
     seq_of_token = np.repeat(np.arange(len(batch)), num_new)
     positions = np.arange(total) - np.repeat(np.cumsum(num_new) - num_new, num_new) + num_cached[seq_of_token]
     inputs["positions"][:total], inputs["token_seq"][:total], inputs["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
     # padding tokens write nowhere
     inputs["slots"][:] = -1; inputs["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    # a row samples after a sequence's last token, once its prompt is done
+    # -- per sampling row, (len(row_seq),) each: a row samples after a sequence's last token, once its prompt is done
     row_seq = seq_of_token[logits_idx := np.flatnonzero(positions >= (length - 1)[seq_of_token])]
+    # (len(batch),): 0 and -1 (off) become the whole vocabulary
     top_k = np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size)
     per_row = {"logits_idx": logits_idx, "out_positions": positions[logits_idx] + 1} | {name: values[row_seq] for name, values in
                (("seeds", seed), ("temperatures", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}
     for name, values in per_row.items(): inputs[name][:len(row_seq)] = values
     sampling = [batch[i][0] for i in row_seq]
     filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampling)
+    # -- the launch
     def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit; the sizes (ints) are baked in at capture
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load). The step
       # buffer is read where it lies, not passed in: tinygrad rewrites every graph node that reads an input at each replay (tinygrad
@@ -167,6 +180,7 @@ class ModelRunner:
       if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn); jit.cnt = 1
       return (fxn if self.config.enforce_eager else jit)(*args, **sizes)
     def launch() -> Tensor:
+      # (total,): the step's input tokens, packed last (see the docstring)
       inputs["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + num_new] for s, num_new in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
