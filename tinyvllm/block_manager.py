@@ -27,8 +27,10 @@ class BlockManager:
   def cached_prefix(self, seq:Sequence) -> list[int]:
     """Cached blocks matching the start of seq; the last token is always left to compute, since its logits are needed."""
     chunks = (seq.token_ids[j*self.block_size:(j+1)*self.block_size] for j in range((len(seq) - 1) // self.block_size if self.caching else 0))
-    hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)   # each full block's chained hash, lazily
-    return list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))   # up to the first block not cached
+    # each full block's chained hash, lazily
+    hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)
+    # up to the first block not cached
+    return list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))
 
   def allocate(self, seq:Sequence) -> bool:
     """Admit seq: share its cached prefix, and take fresh blocks for the rest of its tokens."""
@@ -53,6 +55,7 @@ class BlockManager:
   def free_blocks(self, seq:Sequence):
     # a sequence's tail is the least likely to be shared again, so it is reused first
     for b in reversed(seq.block_table):
-      self.ref[b] -= 1   # a freed block goes to the back of the free list if it is cached, to the front if not (reused first)
+      # a freed block goes to the back of the free list if it is cached, to the front if not (reused first)
+      self.ref[b] -= 1
       if self.ref[b] == 0: self.free[b] = None; self.free.move_to_end(b, last=b in self.hash_of)
     seq.block_table, seq.num_computed_tokens = [], 0

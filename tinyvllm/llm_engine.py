@@ -27,7 +27,8 @@ class LLMEngine:
     # row), the CPU keeps start-up and each step short
     config = dataclasses.replace(config, **{name: getattr(config, name) or (gpu if self.device.split(":")[0] != "CPU" else cpu) for name, gpu, cpu in
                                             (("max_num_seqs", 256, 64), ("max_num_batched_tokens", 2048, 512))})
-    from tinyvllm.model_runner import ModelRunner   # imported after select_device, so no tensor is made on the wrong device
+    # imported after select_device, so no tensor is made on the wrong device
+    from tinyvllm.model_runner import ModelRunner
     self.tokenizer, self.runner = Tokenizer(model_dir := model_path(config.model)), ModelRunner(config, model_dir)
     self.model_name = os.path.basename(model_dir.rstrip("/")) if config.model is None or os.path.isdir(config.model) else config.model
     # the resolved config (the context length the model and the KV pool allow) flows on; the caller's Config is left as it was
@@ -74,17 +75,19 @@ class LLMEngine:
       # tensor parallel: every device holds the tokens, one device's copy is read
       kept = self.scheduler.receive(sampling, sampled.to(self.runner.devices[0]).numpy()[:len(sampling)] if sampling else [])
       self.in_flight = (next_sampling, launch())
-      # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished)
+      # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished), then the launched
+      # step's tokens count as computed (advance skips the sequences those checks just finished)
       outputs = [(seq, self.scheduler.postprocess(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch)
-    except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
+    except Exception as e:
+      # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), ([], None)
       for request_id in failed: self.abort(request_id)
       raise EngineError(failed) from e
     return [self.request_output(seq, output) for seq, output in outputs]
 
   def request_output(self, seq:Sequence, delta:CompletionOutput) -> RequestOutput:
-    if finished := seq.status == Status.FINISHED: del self.requests[seq.request_id]
-    return RequestOutput(seq.request_id, seq.prompt_token_ids, [delta], finished)
+    if seq.status == Status.FINISHED: del self.requests[seq.request_id]
+    return RequestOutput(seq.request_id, seq.prompt_token_ids, [delta], seq.status == Status.FINISHED)
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
@@ -107,11 +110,13 @@ class LLM:
       while self.engine.has_unfinished():
         for out in self.engine.step():
           result = results[out.request_id]; result.finished = out.finished
-          for delta in out.outputs: result.outputs[delta.index] += delta; num_tokens += len(delta.token_ids)   # offline outputs are whole
+          # offline outputs are whole
+          for delta in out.outputs: result.outputs[delta.index] += delta; num_tokens += len(delta.token_ids)
           bar.update(out.finished)
         bar.set_description(f"generate {num_tokens / (time.perf_counter() - start):.0f} tok/s")
     finally:
-      for rid in results: self.engine.abort(rid)   # after an error, none of this call's requests is left behind
+      # after an error, none of this call's requests is left behind
+      for rid in results: self.engine.abort(rid)
     return list(results.values())
 
   def chat(self, messages:list, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
@@ -140,23 +145,28 @@ class AsyncLLM:
     while True:
       # idle: the pending graphs are captured one at a time (a request that arrives during one waits for it)
       while not self.work.wait(IDLE_CAPTURE_S if runner.pending else None): self.capture()
-      outs: list[tuple[str, RequestOutput | Exception]] = []   # (request id, its output or its error)
+      # outs: (request id, its output or its error), delivered after the step
+      outs: list[tuple[str, RequestOutput | Exception]] = []
       while not self.inbox.empty():
         request_id, prompt, params = self.inbox.get()
+        # a new request (params) or an abort (none); a request the engine refuses fails alone
         try: self.engine.add_request(prompt, params, request_id) if params else self.engine.abort(request_id)
-        except Exception as e: outs.append((request_id, e))   # a request the engine refuses fails alone
+        except Exception as e: outs.append((request_id, e))
       # busy, with more sequences than the largest bucket captured holds: a capture's pause between steps, the wider buckets first (two
       # pauses buy a wider bucket: its plain sampler, then its filtered one)
       if runner.pending and len(scheduler.running) + len(scheduler.waiting) > runner.buckets[-1]:
         runner.pending.sort(key=lambda unit: unit[0] <= runner.buckets[-1])
         self.capture()
       try: outs += [(out.request_id, out) for out in self.engine.step()]
-      except Exception as e:   # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
+      except Exception as e:
+        # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
         log.exception("engine step failed"); failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
         for request_id in failed: self.engine.abort(request_id); outs.append((request_id, EngineError(failed)))
-        try: runner.prepare([], runner.buckets[0])[0]().to(runner.devices[0]).tolist()   # one device's copy (tensor parallel)
+        # an empty step, its tokens read from one device's copy (tensor parallel)
+        try: runner.prepare([], runner.buckets[0])[0]().to(runner.devices[0]).tolist()
         except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
-      self.work.clear()   # clear, then look again: a request that arrived meanwhile set the event after our last check
+      # clear, then look again: a request that arrived meanwhile set the event after our last check
+      self.work.clear()
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()
       for request_id, out in outs: (q := self.queues.get(request_id)) and q[0].call_soon_threadsafe(q[1].put_nowait, out)
 
@@ -167,7 +177,8 @@ class AsyncLLM:
       while not finished:
         if isinstance(out := await q.get(), Exception): raise out
         finished = out.finished; yield out
-    finally:   # the consumer went away (client disconnect) before the end: the request's blocks go back now
+    finally:
+      # the consumer went away (client disconnect) before the end: the request's blocks go back now
       self.queues.pop(request_id, None)
       if not finished: self.abort(request_id)
 

@@ -60,7 +60,8 @@ class ModelRunner:
     self.devices = tuple(f"{self.device}:{i}" for i in range(tp))
     try: Device[self.devices[-1]]   # the last one opens only if all before it exist
     except Exception as e: raise ValueError(f"tensor_parallel_size {tp}: tinygrad cannot open {self.devices[-1]} ({e})") from None
-    self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
+    # what the model is built at: its compute dtype and context length (cut to the KV pool below)
+    self.dtype, self.max_model_len = self.pick_dtype(hf_config), min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
     weights = load_weights(model_dir, hf_config, self.dtype, config.load_format == "dummy", self.devices)
     self.model = Transformer(hf_config, weights, self.max_model_len, self.devices)
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
@@ -87,7 +88,8 @@ class ModelRunner:
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
     size = top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS))
-    self.step_buffer = Tensor(np.zeros(size, np.int32)).to(self.devices).realize()   # tensor parallel: a copy on every device
+    # tensor parallel: a copy on every device
+    self.step_buffer = Tensor(np.zeros(size, np.int32)).to(self.devices).realize()
     # the sampler's other input, the grammar masks: filled on llguidance's thread pool; a batch that only uses top-k/top-p reuses one
     # all-ones mask per row count, uploaded once instead of every step
     ones = lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).to(self.devices).realize()
@@ -123,7 +125,8 @@ class ModelRunner:
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     attention = lambda layer, qkv: paged_attention(qkv, *kv_write(*self.kv[layer], inputs["slots"], qkv), block_tables, inputs["token_seq"],
                                                    inputs["positions"], inputs["cached_lens"], self.config.block_size)
-    return self.model(inputs["tokens"], inputs["positions"], attention, inputs["logits_idx"])   # only the rows that sample
+    # the logits of only the rows that sample
+    return self.model(inputs["tokens"], inputs["positions"], attention, inputs["logits_idx"])
 
   def sample(self, logits:Tensor, allowed:Tensor|None=None) -> Tensor:
     """Sampling is a graph of its own in two variants: the filtering one (grammar masks, top-k, top-p, min-p) costs several passes over the
@@ -143,11 +146,12 @@ class ModelRunner:
     # -- per sequence: one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy
     # calls per sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
     scalars = [(s.num_computed_tokens, num_new, len(s), len(s.block_table), s.seed, s.params.top_k) for s, num_new in batch]
-    # (len(batch),) each
-    num_cached, num_new, length, num_blocks, seed, top_k = np.array(scalars, int).reshape(-1, 6).T
-    floats = [(s.params.temperature, s.params.top_p, s.params.min_p) for s, _ in batch]   # they travel as float32 bits
-    # (len(batch),) each, float32 bits as int32; total: the step's real tokens
-    temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T; total = int(num_new.sum())
+    # (len(batch),) each; total: the step's real tokens
+    num_cached, num_new, length, num_blocks, seed, top_k = np.array(scalars, int).reshape(-1, 6).T; total = int(num_new.sum())
+    # the per-sequence floats, which travel as float32 bits
+    floats = [(s.params.temperature, s.params.top_p, s.params.min_p) for s, _ in batch]
+    # (len(batch),) each, float32 bits as int32
+    temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T
     # -- the step buffer's part for the smallest bucket that holds the step (or the one asked for): num_tokens tokens, num_rows rows
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
     layout = step_layout(num_tokens, num_rows := min(num_tokens, self.max_rows), self.max_blocks)
@@ -172,7 +176,8 @@ class ModelRunner:
     sampling = [batch[i][0] for i in row_seq]
     filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampling)
     # -- the launch
-    def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit; the sizes (ints) are baked in at capture
+    # each graph is a TinyJit; the sizes (ints) are baked in at capture
+    def call(graph:tuple, fxn, *args, **sizes):
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load). The step
       # buffer is read where it lies, not passed in: tinygrad rewrites every graph node that reads an input at each replay (tinygrad
       # internals: its CUDA graph), hundreds a step for a 48-layer model, host time the GPU waits for. So the graph keeps its constant
@@ -184,7 +189,8 @@ class ModelRunner:
       inputs["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + num_new] for s, num_new in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
-      for dev in getattr(buffer := self.step_buffer.uop.buffer, "bufs", [buffer]):   # each device's copy (a MultiBuffer's bufs)
+      # each device's copy (a MultiBuffer's bufs)
+      for dev in getattr(buffer := self.step_buffer.uop.buffer, "bufs", [buffer]):
         dev.allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
       logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
       return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampling, num_rows)] if filtered else []))
@@ -200,11 +206,13 @@ class ModelRunner:
   def capture_next(self) -> tuple:
     """Capture the first pending unit, and return it (it stays pending until it is in); after the last, store the caches they filled. BEAM,
     when asked for, tunes only the decode-sized graphs."""
-    if self.stored is None:   # the first unit after the engine's first graphs: the rest of the stored caches (see __init__)
+    # the first unit after the engine's first graphs: the rest of the stored caches (see __init__)
+    if self.stored is None:
       for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
       self.stored = list(map(len, STORED_CACHES))
     with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
-    if unit[1]: self.buckets = sorted({*self.buckets, unit[0]})   # its filtered sampler in (after its plain one): steps may use it
+    # its filtered sampler in (after its plain one): steps may use it
+    if unit[1]: self.buckets = sorted({*self.buckets, unit[0]})
     if len(self.pending) > 1: return self.pending.pop(0)
     # how many kernels they lowered and compiled says whether cache.db held them
     log.info("all %d step graphs captured: %d kernels lowered after the first ones", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])

@@ -50,7 +50,8 @@ class CompletionOutput:
   # finish_reason: "stop" or "length" (an aborted request gets no more outputs); stop_reason: the stop string or stop token id that ended
   # it (None for EOS, length or abort), as in vLLM
   index: int; text: str; token_ids: list[int]; finish_reason: str | None = None; stop_reason: str | int | None = None
-  def __add__(self, delta:"CompletionOutput") -> "CompletionOutput":   # the output so far and the next delta, as one
+  def __add__(self, delta:"CompletionOutput") -> "CompletionOutput":
+    """The output so far and the next delta, as one."""
     return dataclasses.replace(delta, text=self.text + delta.text, token_ids=self.token_ids + delta.token_ids)
 
 @dataclass
