@@ -128,7 +128,8 @@ class AsyncLLM:
   """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop.
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
-    # queues: request id -> (the event loop of its caller, the queue its outputs go to)
+    # work: set when the engine thread has something to do; inbox: (request id, prompt token ids, params) for a new request, (request
+    # id, None, None) for an abort; queues: request id -> (the event loop of its caller, the queue its outputs go to)
     self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped.
@@ -141,6 +142,8 @@ class AsyncLLM:
     except Exception: log.exception("capturing a step graph failed"); self.engine.runner.pending.pop(0)
 
   def loop(self):
+    """The engine thread: wait for work (capturing pending graphs while idle), apply the inbox, run one step, hand each output to its
+    caller's event loop."""
     runner, scheduler = self.engine.runner, self.engine.scheduler
     while True:
       # idle: the pending graphs are captured one at a time (a request that arrives during one waits for it)

@@ -175,7 +175,8 @@ class ModelRunner:
     for name, values in per_row.items(): inputs[name][:len(row_seq)] = values
     sampling = [batch[i][0] for i in row_seq]
     filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampling)
-    # -- the launch
+    # -- the launch: call runs one graph (made on its first use); launch copies the packed inputs in, then runs the model's graph and
+    # the sampler's
     # each graph is a TinyJit; the sizes (ints) are baked in at capture
     def call(graph:tuple, fxn, *args, **sizes):
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load). The step

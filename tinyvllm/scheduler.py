@@ -22,7 +22,7 @@ class Scheduler:
     more. max_step_tokens: the largest step the runner has a graph for yet, if under the configured budget."""
     budget, batch = min(max_step_tokens, self.config.max_num_batched_tokens), []
     for seq in list(self.running):
-      # preempted below while making room for an earlier sequence
+      # skipped: preempted below while making room for an earlier sequence
       if seq.status != Status.RUNNING: continue
       if (num_new := min(len(seq) - seq.num_computed_tokens, budget)) == 0: break
       while seq.status == Status.RUNNING and not self.bm.append(seq, num_new): self.preempt(self.running[-1])
