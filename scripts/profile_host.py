@@ -40,7 +40,8 @@ if __name__ == "__main__":
   Tensor.tolist = timed(Tensor.tolist, "wait for the GPU (tolist)", acc)
   Tensor.numpy = timed(Tensor.numpy, "wait for the GPU (numpy)", acc)
   runner_fn = "prepare" if hasattr(model_runner.ModelRunner, "prepare") else "run"
-  for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, runner_fn), (scheduler.Scheduler, "check_stop"),
+  stop_fn = "postprocess" if hasattr(scheduler.Scheduler, "postprocess") else "check_stop"   # renamed in #55
+  for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, runner_fn), (scheduler.Scheduler, stop_fn),
                     (block_manager.BlockManager, "commit"), (_TinyJit, "__call__"),
                     *[(scheduler.Scheduler, name) for name in ("receive", "advance", "check_stop") if hasattr(scheduler.Scheduler, name)]]:
     setattr(cls, name, timed(getattr(cls, name), f"{cls.__name__}.{name}", acc))

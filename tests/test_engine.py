@@ -22,7 +22,7 @@ def test_at_ready_a_long_prompt_is_chunked_to_the_captured_buckets():
   them at once): a long prompt runs in 64-token steps and still gives transformers' greedy tokens."""
   engine, steps = LLMEngine(Config(max_num_seqs=32)), []
   prepare, prompt = engine.runner.prepare, (REF[0]["prompt_token_ids"] + REF[0]["output_token_ids"]) * 9   # 405 tokens
-  engine.runner.prepare = lambda batch, *args: steps.append(sum(k for _, k in batch)) or prepare(batch, *args)
+  engine.runner.prepare = lambda batch, *args: steps.append(sum(num_new for _, num_new in batch)) or prepare(batch, *args)
   engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
   ours = [token for _ in iter(engine.has_unfinished, False) for out in engine.step() for token in out.outputs[0].token_ids]
   with torch.no_grad():

@@ -54,7 +54,7 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   assert [(s.request_id, n) for s, n in second] == [("a", 1), ("b", 1)]
   kept = sch.receive([a, b], np.array([300, 301]))  # step one's tokens, before step two's launch reads them
   assert a.token_ids[-1] == 300 and b.token_ids == [1, 1, 1, 301]
-  outputs = [(seq, sch.check_stop(seq, token, n)) for seq, token, n in kept]   # while step two runs: a has its one token
+  outputs = [(seq, sch.postprocess(seq, token, n)) for seq, token, n in kept]   # while step two runs: a has its one token
   assert [(seq.request_id, out.token_ids, out.finish_reason) for seq, out in outputs] == [("a", [300], "length"), ("b", [301], None)]
   assert a.status == Status.FINISHED and bm.num_free == 16 - 1
   sch.advance(second)                                  # a ran for nothing: skipped; b holds a placeholder again

@@ -131,7 +131,7 @@ def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_t
   from tinyvllm.serve import build_app
   llm = AsyncLLM(Config(device="CPU", max_num_seqs=32, enable_prefix_caching=False))   # the second time, the prompt is computed again
   runner, steps, prepare = llm.engine.runner, [], llm.engine.runner.prepare
-  runner.prepare = lambda batch, *args: steps.append(sum(k for _, k in batch)) or prepare(batch, *args)   # each step's token count
+  runner.prepare = lambda batch, *args: steps.append(sum(num_new for _, num_new in batch)) or prepare(batch, *args)   # each step's token count
   try:
     assert runner.pending and runner.buckets[-1] == 64
     with TestClient(build_app(llm)) as client: assert client.get("/health").status_code == 200

@@ -10,7 +10,8 @@ from tinygrad.dtype import AddrSpace
 from tinygrad.renderer import Estimates
 from tinyvllm.gemm import empty
 
-DENSE_MIN, DENSE_MAX = 512, 2048   # step sizes whose in-step attention is a dense (N, N) matmul (measured on an H200, see BENCHMARKS.md)
+# step sizes whose in-step attention is a dense (N, N) matmul (measured on an H200, see BENCHMARKS.md)
+DENSE_MIN, DENSE_MAX = 512, 2048
 
 def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, QKV:UOp) -> UOp:
   # vLLM's reshape_and_cache: pool[slots[n]] = kv[n] for both pools in one launch; O(N) work, slot -1 (padding row) is skipped. k and v
@@ -19,9 +20,10 @@ def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, QKV:UOp) -> UOp:
   # out-of-pool slots are skipped too: the bound also lets tinygrad drop index wrapping
   s = (s := SL[n].cast(dtypes.weakint)).valid((s >= 0) & (s < KP.shape[0]))
   bits = lambda head, i: QKV[n, head, i].bitcast(dtypes.uint16).cast(dtypes.uint32)
-  word = lambda head: QKV[n, head, w].cast(KP.dtype) if KP.shape[2] == QKV.shape[2] else bits(head, 2*w) | bits(head, 2*w + 1) << 16  # see words
-  kv = (word(QKV.shape[1] - 2*KVH + h), word(QKV.shape[1] - KVH + h))
-  return UOp.group(KP[s, h, w].store(kv[0]), VP[s, h, w].store(kv[1])).end(n, h, w).sink(arg=KernelInfo(name="kv_write"))
+  # a 16-bit pool's word: the bits of two adjacent elements (see words)
+  word = lambda head: QKV[n, head, w].cast(KP.dtype) if KP.shape[2] == QKV.shape[2] else bits(head, 2*w) | bits(head, 2*w + 1) << 16
+  k, v = word(QKV.shape[1] - 2*KVH + h), word(QKV.shape[1] - KVH + h)
+  return UOp.group(KP[s, h, w].store(k), VP[s, h, w].store(v)).end(n, h, w).sink(arg=KernelInfo(name="kv_write"))
 
 # 16-bit pools hold 32-bit words of two elements each, as tinygrad widens uint loads to 16 bytes and leaves bf16 ones scalar
 words = lambda x: x.bitcast(dtypes.uint32) if x.dtype.itemsize == 2 else x
@@ -50,12 +52,15 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   seq, ctx = TS[n].maximum(0).minimum(S-1).cast(dtypes.weakint), L[n].maximum(0).minimum(MAXB*block_size).cast(dtypes.weakint)
   # each iteration reads P positions (q) at once, so that their K/V loads are in flight together (2 measured best on an H100, BENCHMARKS.md)
   t, q = UOp.range(steps := (ctx + (C*P - 1)) // (C*P), 4, AxisType.REDUCE), UOp.range(P, 11, AxisType.UPCAST)
-  valid, pos = (first := (c * steps + t) * P) + q < ctx, (first + q).minimum(ctx - 1).maximum(0)   # L = 0 (nothing cached): no iterations
-  slot = BT[seq, pos // block_size].maximum(0).minimum(NS//block_size - 1).cast(dtypes.weakint) * block_size + pos % block_size  # page table
+  # this iteration's P positions, clamped into the context; L = 0 (nothing cached): no iterations
+  valid, pos = (first := (c * steps + t) * P) + q < ctx, (first + q).minimum(ctx - 1).maximum(0)
+  # the page table: each position's slot in the pool
+  slot = BT[seq, pos // block_size].maximum(0).minimum(NS//block_size - 1).cast(dtypes.weakint) * block_size + pos % block_size
   # a 16-bit pool holds words of two elements (see words)
   row = lambda pool, d: (pool[slot, kvh, d] if W == D else (pool[slot, kvh, d//2] >> d%2*16).cast(dtypes.uint16).bitcast(Q.dtype)).cast(f32)
   score = (Q[n, kvh*G + g, e*U + k].cast(f32) * row(KP, e*U + k)).reduce(k, arg=Ops.ADD)
-  if LANES > 1:   # the lanes' partial dot products meet in shared memory (tinygrad places the barriers around it)
+  # the lanes' partial dot products meet in shared memory (tinygrad places the barriers around it)
+  if LANES > 1:
     shared, j = UOp.placeholder((KVH, LANES, G, P), f32, 20, addrspace=AddrSpace.LOCAL), UOp.range(LANES, 10, AxisType.REDUCE)
     score = shared.after(shared[kvh, e, g, q].store(score))[kvh, j, g, q].reduce(j, arg=Ops.ADD)
   score = valid.where(score * (1 / math.sqrt(D)), -math.inf)
@@ -68,8 +73,9 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   alpha, p = (first < ctx).where((pm - m_new).exp(), 1.0), valid.where((score - m_new).exp(), 0.0)
   upd = UOp.group(m[g].store(m_new), l[g].store(pl * alpha + p.reduce(q, arg=Ops.ADD)),
                   acc[g, d].store(acc.after(t)[g, d] * alpha + (p * row(VP, e*U + d)).reduce(q, arg=Ops.ADD)).end(d)).end(g, t)
+  # every lane holds the same m and l
   out = UOp.group(OUT[n, kvh*G + g, c, e*U + d].store(acc.after(upd)[g, d]).end(d), OUT[n, kvh*G + g, c, D].store(m.after(upd)[g]),
-                  OUT[n, kvh*G + g, c, D+1].store(l.after(upd)[g])).end(g)   # every lane holds the same m and l
+                  OUT[n, kvh*G + g, c, D+1].store(l.after(upd)[g])).end(g)
   # tag=1 marks the AST as already optimized: tinygrad's range optimizer leaves our hand-placed axes and register state alone, and our
   # (empty) estimates are kept, as the data-dependent trip count can't be counted statically (the stats code would crash on it)
   return out.end(e, kvh, c, n).sink(arg=KernelInfo(name="paged_attention", opts_to_apply=(), estimates=Estimates()), tag=1)
@@ -79,7 +85,8 @@ def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[T
   tinygrad runs on tensor cores. A prefill chunk is dense causal attention; the block-diagonal mask separates the step's sequences."""
   (N, H, D), KVH = q.shape, k.shape[1]; idx = Tensor.arange(N).to(q.device)
   s = q.reshape(N, KVH, H // KVH, D).permute(1, 2, 0, 3).matmul(k.permute(1, 2, 0).unsqueeze(1), dtype=dtypes.float) / math.sqrt(D)
-  s = ((token_seq.unsqueeze(1) == token_seq.unsqueeze(0)) & (idx.unsqueeze(0) <= idx.unsqueeze(1))).where(s, -math.inf)  # (KVH, G, N, N)
+  # (KVH, G, N, N): causal, and only within each token's own sequence
+  s = ((token_seq.unsqueeze(1) == token_seq.unsqueeze(0)) & (idx.unsqueeze(0) <= idx.unsqueeze(1))).where(s, -math.inf)
   m = s.max(-1, keepdim=True); p = (s - m).exp()
   # probabilities in 16 bits, as flash-attention does. acc gets its own buffer: fused into the merge in paged_attention, P x V became a kernel
   # with two reductions, which tinygrad runs without tensor cores (7x slower on an H200)

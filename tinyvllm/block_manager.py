@@ -1,3 +1,5 @@
+"""KV blocks as bookkeeping: which blocks of model_runner's KV pool each sequence holds (its block table), and prefix caching. Only the
+scheduler calls it; it writes the sequences' block tables and counts, and never touches the pool itself."""
 import collections, hashlib, itertools
 from tinyvllm.sequence import Sequence
 
@@ -25,8 +27,10 @@ class BlockManager:
   def cached_prefix(self, seq:Sequence) -> list[int]:
     """Cached blocks matching the start of seq; the last token is always left to compute, since its logits are needed."""
     chunks = (seq.token_ids[j*self.block_size:(j+1)*self.block_size] for j in range((len(seq) - 1) // self.block_size if self.caching else 0))
-    hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)   # each full block's chained hash, lazily
-    return list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))   # up to the first block not cached
+    # each full block's chained hash, lazily
+    hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)
+    # up to the first block not cached
+    return list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))
 
   def allocate(self, seq:Sequence) -> bool:
     """Admit seq: share its cached prefix, and take fresh blocks for the rest of its tokens."""
@@ -37,9 +41,9 @@ class BlockManager:
     seq.block_hashes = [self.hash_of[b] for b in shared] if all(b in self.hash_of for b in shared) else []
     self.queries, self.hits = self.queries + len(seq), self.hits + seq.num_computed_tokens; return True
 
-  def append(self, seq:Sequence, num_tokens:int) -> bool:
-    """Grow the block table on demand so the next num_tokens tokens have slots; False, taking nothing, if too few blocks are free."""
-    if (need := -(-(seq.num_computed_tokens + num_tokens) // self.block_size) - len(seq.block_table)) > self.num_free: return False
+  def append(self, seq:Sequence, num_new:int) -> bool:
+    """Grow the block table on demand so the next num_new tokens have slots; False, taking nothing, if too few blocks are free."""
+    if (need := -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)) > self.num_free: return False
     seq.block_table += [self._take() for _ in range(need)]; return True
 
   def commit(self, seq:Sequence):
@@ -51,6 +55,7 @@ class BlockManager:
   def free_blocks(self, seq:Sequence):
     # a sequence's tail is the least likely to be shared again, so it is reused first
     for b in reversed(seq.block_table):
-      self.ref[b] -= 1   # a freed block goes to the back of the free list if it is cached, to the front if not (reused first)
+      # a freed block goes to the back of the free list if it is cached, to the front if not (reused first)
+      self.ref[b] -= 1
       if self.ref[b] == 0: self.free[b] = None; self.free.move_to_end(b, last=b in self.hash_of)
     seq.block_table, seq.num_computed_tokens = [], 0

@@ -1,3 +1,6 @@
+"""The settings: one Config that flows from the CLI or LLM() into every part of the engine (its field comments are serve.py's --help),
+the engine's log, and where the model and the device come from (model_path, select_device, before any tensor exists). Read by every
+layer; it imports nothing of the engine."""
 import dataclasses, logging, os
 
 BUNDLED_MODEL = os.path.join(os.path.dirname(__file__), "stories260K")

@@ -63,12 +63,15 @@ def _launch_with_smem(program_t:type):
 
 @functools.cache
 def _kernel(M:int, N:int, K:int, dev:str, BM:int, BN:int, ST:int, S:int, moe:bool=False):
-  from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler   # here, so other backends never load CUDA's libraries
+  # imported here, so other backends never load CUDA's libraries
+  from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler
   _launch_with_smem(Device[dev].runtime_t); SMEM[name := f"gemm{'_moe' * moe}_{BM}x{BN}x{ST}"] = ST*(BM+BN)*128 + 1024
-  acc = ",".join(f"%{i}" for i in range(BN//2)), ", ".join(f'"+f"(d[{i}])' for i in range(BN//2))   # the accumulator tile: BN/2 per thread
-  mma = f'asm volatile("wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.bf16.bf16 {{{acc[0]}}}, %{BN//2}, %{BN//2+1}, 1, 1, 1, 0, 0;" : {acc[1]}'
+  # the accumulator tile, BN/2 floats per thread: its registers in the instruction, bound to d[] as read-write outputs
+  regs, binds = ",".join(f"%{i}" for i in range(BN//2)), ", ".join(f'"+f"(d[{i}])' for i in range(BN//2))
+  mma = f'asm volatile("wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.bf16.bf16 {{{regs}}}, %{BN//2}, %{BN//2+1}, 1, 1, 1, 0, 0;" : {binds}'
+  # EXPERTS, EXPERT (MoE): the expert of each BM-row tile
   defs = {"NAME": name, "M": M, "N": N, "K": K, "BM": BM, "BN": BN, "ST": ST, "S": S, "MMA(a, b)": mma + ' : "l"(a), "l"(b))',
-          "EXPERTS": ", const int *X" if moe else "", "EXPERT": "X[blockIdx.x]" if moe else 0}   # MoE: the expert of each BM-row tile
+          "EXPERTS": ", const int *X" if moe else "", "EXPERT": "X[blockIdx.x]" if moe else 0}
   src = "".join(f"#define {k} {v}\n" for k, v in defs.items()) + SRC; lib = NVRTCCompiler("sm_90a", ptx=False).compile_cached(src)
   # outs/ins are what the JIT's memory planner and the CUDA graph's dependency edges see: C written, A and W (and the experts) read
   info = ProgramInfo(name, global_size=(-(-M//BM), N//BN, S), local_size=(BM//64*128, 1, 1), globals=tuple(range(3 + moe)), outs=(0,),
@@ -128,7 +131,8 @@ def all_reduce(x:Tensor) -> Tensor:
   """x (tp*M, N) split on axis 0, each device's shard its partial sum (a row-parallel matmul's) -> their sum (M, N) on every device."""
   return x.reshape(len(x.device), -1, x.shape[1]).sum(0) if isinstance(x.device, tuple) else x
 
-def hopper(device) -> bool:   # a GPU the wgmma kernel runs on: sm_90 under CUDA (tinygrad's NV backend does not run Hopper); SM90A_GEMM=0: none
+def hopper(device) -> bool:
+  """A GPU the wgmma kernel runs on: sm_90 under CUDA (tinygrad's NV backend does not run Hopper); SM90A_GEMM=0: none."""
   return str(device).startswith("CUDA") and Device[device].renderer.target.arch == "sm_90" and os.getenv("SM90A_GEMM") != "0"
 
 def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:Tensor|None=None) -> Tensor:
@@ -144,7 +148,8 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   K_dev, N_dev = K // tp if split == 1 else K, N // tp if split == 0 else N
   wgmma = hopper(dev) and x.dtype == w.dtype == dtypes.bfloat16 and K_dev % 64 == 0 and K_dev >= 512 and N_dev % 128 == 0
   # the GEMV below 4 rows beside wgmma, whose 64-row tiles read W faster from there on (scripts/bench_gemv.py on an H100)
-  vec = next((v for v in (4, 2, 1) if x.dtype == w.dtype and K_dev * x.dtype.itemsize % (4 * lanes * v) == 0), 0)   # words per load; 0: no GEMV
+  # vec: 32-bit words per load; 0: no GEMV
+  vec = next((v for v in (4, 2, 1) if x.dtype == w.dtype and K_dev * x.dtype.itemsize % (4 * lanes * v) == 0), 0)
   # MoE tiles: on Hopper, tiles of 64 rows are wgmma's, each reading the rows of its own expert. Elsewhere realized at the tiles' shape: the
   # reshape to rows, fused into the matmul, merged a tile's rows into one axis, and tinygrad then read W per row instead of once per tile
   # (TTFT(1024) of Qwen3-30B-A3B 8x slower on the H100)
@@ -156,7 +161,8 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   # MoE: the experts our kernels take, of each row (GEMV) or of each tile (wgmma)
   ids = () if experts is None else (experts if experts.ndim == 1 else experts[:, 0].contiguous(),)
   small = experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec
-  if not small and not wgmma: return x @ w.T   # tinygrad's matmul (which all-reduces a row-parallel product itself)
+  # neither kernel of ours: tinygrad's matmul (which all-reduces a row-parallel product itself)
+  if not small and not wgmma: return x @ w.T
   BM, BN, ST, S = (0, 0, 0, 1) if small else cfg or ((64, 128, 8, 1) if ids else plan(M, N_dev, K_dev))
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result); row-parallel, tp devices' S each
   rows_out = (S * tp if split == 1 else S) * (ids[0].shape[0] if small and ids else M)

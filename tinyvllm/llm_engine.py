@@ -1,3 +1,7 @@
+"""The engine, first stop of a request below the server: serve.py -> llm_engine -> scheduler -> model_runner / block_manager. LLMEngine
+checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, receive, postprocess); LLM is the offline API over it,
+AsyncLLM the server's (the loop on a background thread, fed through an inbox). It owns the tokenizer, the scheduler and the runner, and
+reaches the device only through the runner."""
 import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
 from tinyvllm.config import Config, log, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
@@ -23,15 +27,16 @@ class LLMEngine:
     # row), the CPU keeps start-up and each step short
     config = dataclasses.replace(config, **{name: getattr(config, name) or (gpu if self.device.split(":")[0] != "CPU" else cpu) for name, gpu, cpu in
                                             (("max_num_seqs", 256, 64), ("max_num_batched_tokens", 2048, 512))})
-    from tinyvllm.model_runner import ModelRunner   # imported after select_device, so no tensor is made on the wrong device
+    # imported after select_device, so no tensor is made on the wrong device
+    from tinyvllm.model_runner import ModelRunner
     self.tokenizer, self.runner = Tokenizer(model_dir := model_path(config.model)), ModelRunner(config, model_dir)
     self.model_name = os.path.basename(model_dir.rstrip("/")) if config.model is None or os.path.isdir(config.model) else config.model
     # the resolved config (the context length the model and the KV pool allow) flows on; the caller's Config is left as it was
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
-    # requests: request id -> its sequence; in_flight: the launched step's sampling sequences and the tokens they
-    # get, still on the GPU
+    # requests: request id -> its sequence; in_flight: the launched step's sampling sequences and the tensor of the tokens they
+    # get (sampled), still on the GPU
     self.requests, self.in_flight, self.grammar_tokenizer = {}, ([], None), grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams) -> tuple[list[int], str | None]:
@@ -64,23 +69,25 @@ class LLMEngine:
     """One engine iteration, overlapped with the GPU as in vLLM's async scheduling: step N+1 is scheduled and packed while the GPU runs
     step N; step N's tokens are waited for only then (they are N+1's inputs), and detokenized and stop-checked while the GPU runs N+1.
     Returns a delta (new text and token ids) for each request whose sequence produced a token."""
-    batch, (seqs, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
+    batch, (sampling, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
-      launch, sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
+      launch, next_sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
       # tensor parallel: every device holds the tokens, one device's copy is read
-      kept = self.scheduler.receive(seqs, sampled.to(self.runner.devices[0]).numpy()[:len(seqs)] if seqs else [])
-      self.in_flight = (sampling, launch())
-      # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished)
-      outputs = [(seq, self.scheduler.check_stop(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch)
-    except Exception as e:   # only the requests of the failed steps fail: aborted here, they give their blocks back
-      failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in seqs + [seq for seq, _ in batch])), ([], None)
+      kept = self.scheduler.receive(sampling, sampled.to(self.runner.devices[0]).numpy()[:len(sampling)] if sampling else [])
+      self.in_flight = (next_sampling, launch())
+      # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished), then the launched
+      # step's tokens count as computed (advance skips the sequences those checks just finished)
+      outputs = [(seq, self.scheduler.postprocess(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch)
+    except Exception as e:
+      # only the requests of the failed steps fail: aborted here, they give their blocks back
+      failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), ([], None)
       for request_id in failed: self.abort(request_id)
       raise EngineError(failed) from e
     return [self.request_output(seq, output) for seq, output in outputs]
 
   def request_output(self, seq:Sequence, delta:CompletionOutput) -> RequestOutput:
-    if finished := seq.status == Status.FINISHED: del self.requests[seq.request_id]
-    return RequestOutput(seq.request_id, seq.prompt_token_ids, [delta], finished)
+    if seq.status == Status.FINISHED: del self.requests[seq.request_id]
+    return RequestOutput(seq.request_id, seq.prompt_token_ids, [delta], seq.status == Status.FINISHED)
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
@@ -103,11 +110,13 @@ class LLM:
       while self.engine.has_unfinished():
         for out in self.engine.step():
           result = results[out.request_id]; result.finished = out.finished
-          for delta in out.outputs: result.outputs[delta.index] += delta; num_tokens += len(delta.token_ids)   # offline outputs are whole
+          # offline outputs are whole
+          for delta in out.outputs: result.outputs[delta.index] += delta; num_tokens += len(delta.token_ids)
           bar.update(out.finished)
         bar.set_description(f"generate {num_tokens / (time.perf_counter() - start):.0f} tok/s")
     finally:
-      for rid in results: self.engine.abort(rid)   # after an error, none of this call's requests is left behind
+      # after an error, none of this call's requests is left behind
+      for rid in results: self.engine.abort(rid)
     return list(results.values())
 
   def chat(self, messages:list, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
@@ -119,7 +128,8 @@ class AsyncLLM:
   """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop.
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
-    # queues: request id -> (the event loop of its caller, the queue its outputs go to)
+    # work: set when the engine thread has something to do; inbox: (request id, prompt token ids, params) for a new request, (request
+    # id, None, None) for an abort; queues: request id -> (the event loop of its caller, the queue its outputs go to)
     self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped.
@@ -132,27 +142,34 @@ class AsyncLLM:
     except Exception: log.exception("capturing a step graph failed"); self.engine.runner.pending.pop(0)
 
   def loop(self):
+    """The engine thread: wait for work (capturing pending graphs while idle), apply the inbox, run one step, hand each output to its
+    caller's event loop."""
     runner, scheduler = self.engine.runner, self.engine.scheduler
     while True:
       # idle: the pending graphs are captured one at a time (a request that arrives during one waits for it)
       while not self.work.wait(IDLE_CAPTURE_S if runner.pending else None): self.capture()
-      outs: list[tuple[str, RequestOutput | Exception]] = []   # (request id, its output or its error)
+      # outs: (request id, its output or its error), delivered after the step
+      outs: list[tuple[str, RequestOutput | Exception]] = []
       while not self.inbox.empty():
         request_id, prompt, params = self.inbox.get()
+        # a new request (params) or an abort (none); a request the engine refuses fails alone
         try: self.engine.add_request(prompt, params, request_id) if params else self.engine.abort(request_id)
-        except Exception as e: outs.append((request_id, e))   # a request the engine refuses fails alone
+        except Exception as e: outs.append((request_id, e))
       # busy, with more sequences than the largest bucket captured holds: a capture's pause between steps, the wider buckets first (two
       # pauses buy a wider bucket: its plain sampler, then its filtered one)
       if runner.pending and len(scheduler.running) + len(scheduler.waiting) > runner.buckets[-1]:
         runner.pending.sort(key=lambda unit: unit[0] <= runner.buckets[-1])
         self.capture()
       try: outs += [(out.request_id, out) for out in self.engine.step()]
-      except Exception as e:   # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
+      except Exception as e:
+        # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
         log.exception("engine step failed"); failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
         for request_id in failed: self.engine.abort(request_id); outs.append((request_id, EngineError(failed)))
-        try: runner.prepare([], runner.buckets[0])[0]().to(runner.devices[0]).tolist()   # one device's copy (tensor parallel)
+        # an empty step, its tokens read from one device's copy (tensor parallel)
+        try: runner.prepare([], runner.buckets[0])[0]().to(runner.devices[0]).tolist()
         except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
-      self.work.clear()   # clear, then look again: a request that arrived meanwhile set the event after our last check
+      # clear, then look again: a request that arrived meanwhile set the event after our last check
+      self.work.clear()
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()
       for request_id, out in outs: (q := self.queues.get(request_id)) and q[0].call_soon_threadsafe(q[1].put_nowait, out)
 
@@ -163,7 +180,8 @@ class AsyncLLM:
       while not finished:
         if isinstance(out := await q.get(), Exception): raise out
         finished = out.finished; yield out
-    finally:   # the consumer went away (client disconnect) before the end: the request's blocks go back now
+    finally:
+      # the consumer went away (client disconnect) before the end: the request's blocks go back now
       self.queues.pop(request_id, None)
       if not finished: self.abort(request_id)
 

@@ -1,3 +1,6 @@
+"""The model: a Hugging Face folder's config.json and safetensors read into one decoder (Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral),
+its matmuls through gemm.py. model_runner calls it on the step's flattened tokens with an attention function; it knows nothing of
+requests, paging or sampling."""
 import functools, json, math, os, re
 from tinygrad import Tensor, Device, dtypes
 from tinygrad.nn.state import safe_load
@@ -11,7 +14,8 @@ def read_config(model_dir:str) -> dict:
   raw = json.load(open(path))
   if (arch := (raw.get("architectures") or ["?"])[0]) not in ARCHITECTURES:
     raise ValueError(f"unsupported architecture {arch!r} in {path}; tinyvllm runs {', '.join(ARCHITECTURES)}")
-  rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}   # transformers 5 moved rope_theta into rope_parameters
+  # transformers 5 moved rope_theta into rope_parameters
+  rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
   E, mixtral, step = raw.get("num_experts") or raw.get("num_local_experts") or 0, arch == "MixtralForCausalLM", raw.get("decoder_sparse_step", 1)
   return raw | {"head_dim": raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"], "rope": rope,
                 "num_key_value_heads": raw.get("num_key_value_heads") or raw["num_attention_heads"],
@@ -31,7 +35,8 @@ def weight_shapes(hf_config:dict) -> dict[str, tuple[int, ...]]:
     p = f"model.layers.{i}."
     s |= {p+"input_layernorm.weight": (D,), p+"post_attention_layernorm.weight": (D,), p+"self_attn.o_proj.weight": (D, H*hd),
           p+"self_attn.q_proj.weight": (H*hd, D), p+"self_attn.k_proj.weight": (KV*hd, D), p+"self_attn.v_proj.weight": (KV*hd, D)}
-    if i in hf_config["moe_layers"]:   # the router, and E experts of width moe_intermediate_size (Mixtral's: intermediate_size)
+    # the router, and E experts of width moe_intermediate_size (Mixtral's: intermediate_size)
+    if i in hf_config["moe_layers"]:
       (moe, *names), E, Ie = hf_config["moe_names"], hf_config["num_experts"], hf_config.get("moe_intermediate_size", I)
       s |= {p+moe+".gate.weight": (E, D)} | {f"{p}{moe}.experts.{e}.{n}.weight": sh for e in range(E) for n, sh in zip(names, [(Ie, D)]*2+[(D, Ie)])}
     else: s |= {p+"mlp.gate_proj.weight": (I, D), p+"mlp.up_proj.weight": (I, D), p+"mlp.down_proj.weight": (D, I)}
@@ -63,7 +68,8 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False, devices:tupl
     return t
   draw = lambda names: Tensor.uniform(sum(shapes[n][0] for n in names), *shapes[names[0]][1:], low=-0.05, high=0.05, dtype=dtype)
   if dummy: return {k: place(k, draw(names)) for k, names in tqdm(parts.items(), desc="dummy weights")}
-  index = os.path.join(model_dir, "model.safetensors.index.json")   # a sharded checkpoint names its files there
+  # a sharded checkpoint names its files there
+  index = os.path.join(model_dir, "model.safetensors.index.json")
   files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
   disk = {k: t for f in files for k, t in safe_load(os.path.join(model_dir, f)).items()}
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
@@ -89,8 +95,10 @@ class Transformer:
   feed-forward layers, see experts). Attention is passed in, so the model knows nothing of paging."""
   def __init__(self, hf_config:dict, weights:dict[str, Tensor], max_len:int, devices:tuple[str, ...]=(None,)):
     self.hf_config, self.w, self.tp = hf_config, weights, len(devices)
-    self.cos, self.sin = (table.to(devices) for table in rope_tables(hf_config, max_len))   # copied to every device
-    self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])   # tied embeddings share the matrix
+    # the rope tables, copied to every device
+    self.cos, self.sin = (table.to(devices) for table in rope_tables(hf_config, max_len))
+    # tied embeddings share the matrix
+    self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
 
   def norm(self, x:Tensor, weight:Tensor) -> Tensor:
     xf = x.float(); return (xf * (xf.square().mean(-1, keepdim=True) + self.hf_config["rms_norm_eps"]).rsqrt()).cast(x.dtype) * weight
@@ -116,7 +124,8 @@ class Transformer:
       qk = qkv[:, :, :(H+KV)//tp]
       if hf_config["qk_norm"]:
         qk = self.norm(qk, self.w[p+"self_attn.q_norm.weight"].expand(H//tp, hd).cat(self.w[p+"self_attn.k_norm.weight"].expand(KV//tp, hd)))
-      qkv = self.rope(qk, cos, sin).cat(qkv[:, :, (H+KV)//tp:], dim=2).reshape(N, -1, hd)   # (N, H+2*KV, hd)
+      # (N, H+2*KV, hd)
+      qkv = self.rope(qk, cos, sin).cat(qkv[:, :, (H+KV)//tp:], dim=2).reshape(N, -1, hd)
       x = x + self.linear(attention(i, qkv).reshape(N, -1), p+"self_attn.o_proj")
       h = self.norm(x, self.w[p+"post_attention_layernorm.weight"])
       if i in hf_config["moe_layers"]: x = x + self.experts(h, p); continue
@@ -138,7 +147,8 @@ class Transformer:
     # router: softmax over all E logits in float32, then the top k (rank = how many experts beat one; ties go to the lower id, as torch.topk's)
     probs = self.linear(x, p + c["moe_names"][0] + ".gate").float().softmax(-1)
     rank = ((probs.unsqueeze(-2) > probs.unsqueeze(-1)) | ((probs.unsqueeze(-2) == probs.unsqueeze(-1)) & (i < i.unsqueeze(-1)))).sum(-1)
-    weights = probs.gather(-1, sel := (rank.unsqueeze(1) == arange(k).unsqueeze(-1)).where(i, 0).sum(-1))   # (N, k)
+    # (N, k): the router weights of each token's k experts (sel: their ids)
+    weights = probs.gather(-1, sel := (rank.unsqueeze(1) == arange(k).unsqueeze(-1)).where(i, 0).sum(-1))
     if c["norm_topk_prob"]: weights = weights / weights.sum(-1, keepdim=True)
     stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)   # (E, rows, cols)
     # inputs: x's row of each output row; owner: the expert of each row (decode), or of each tile of T rows; row_of: tiles only, below
@@ -146,14 +156,19 @@ class Transformer:
     if A < (4 if gemm.hopper(x.device) and x.dtype == dtypes.bfloat16 else 32) * E: inputs, owner, row_of = x, sel.flatten(), None
     else:
       # counted per token, not per assignment: a token picks an expert at most once, so each scan below covers N rows, not N*k
-      chosen, tiles = (sel.unsqueeze(-1) == i).sum(1), A // T + min(E, A)   # (N, E) 0/1; tiles: each expert's whole ones and at most one partial
-      ends = (padded := (chosen.sum(0) + T - 1) // T * T).cumsum()   # each expert's rows end where its padded tiles do
-      row_of = ends - padded + chosen.cumsum(0) - 1   # (N, E): the row of token n's assignment to expert e, the expert's tokens in order
+      # (N, E) 0/1; tiles: each expert's whole ones and at most one partial
+      chosen, tiles = (sel.unsqueeze(-1) == i).sum(1), A // T + min(E, A)
+      # each expert's rows end where its padded tiles do
+      ends = (padded := (chosen.sum(0) + T - 1) // T * T).cumsum()
+      # (N, E): the row of token n's assignment to expert e, the expert's tokens in order
+      row_of = ends - padded + chosen.cumsum(0) - 1
       # a tile's expert: how many experts' rows end by its first row; -1 past the last one (padding, which the wgmma kernel skips and
       # tinygrad's indexing reads as expert E-1)
       owner = (((ends <= arange(tiles).unsqueeze(1) * T).sum(1) + 1) % (E + 1) - 1).reshape(tiles, 1).expand(tiles, T)
       # each row's token: how many of its expert's tokens have rows before it (a padding row counts them all: N, which reads zeros)
-      inputs = x[(row_of.T[owner.flatten()] < arange(tiles * T).unsqueeze(1)).sum(1)]   # (tiles*T, D)
+      # (tiles*T, D)
+      inputs = x[(row_of.T[owner.flatten()] < arange(tiles * T).unsqueeze(1)).sum(1)]
     gate, up = gemm.matmul(inputs, stacked("experts.gate_up.weight", -1, D), experts=owner).chunk(2, -1)
-    y = gemm.matmul((gate.silu() * up).contiguous(), stacked("experts.down.weight", D, -1), experts=owner)   # (A or tiles*T, D)
+    # (A or tiles*T, D)
+    y = gemm.matmul((gate.silu() * up).contiguous(), stacked("experts.down.weight", D, -1), experts=owner)
     return ((y if row_of is None else y[row_of.gather(-1, sel)]).reshape(N, k, D) * weights.cast(y.dtype).unsqueeze(-1)).sum(1)

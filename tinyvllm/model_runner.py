@@ -1,3 +1,7 @@
+"""The runner, the device side of a step: llm_engine hands it the scheduler's batch, it packs the batch into one step buffer and
+launches the model (model.py, attention.py over the KV pool it owns) and the sampler (sampler.py) as captured TinyJit graphs, and
+returns the sampled tokens still on the device. Everything on the device goes through it; it also keeps tinygrad's compile caches
+across start-ups."""
 import functools, itertools, typing, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
@@ -33,7 +37,8 @@ class ModelRunner:
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs)."""
   def __init__(self, config:Config, model_dir:str):
     start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
-    # on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
+    # -- compile caches: tinygrad's, kept in its cache.db across start-ups (see STORED_CACHES, SHIPPED_CACHE)
+    # the shipped cache on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
     # emptied first: what another engine of this process (a test suite, a notebook's second LLM) left in them would be stored under our
     # keys too (the bundled model's first-graphs entry: 0.71 MB alone, 5.0 MB after one other engine, 49 MB after the test suite)
@@ -47,6 +52,7 @@ class ModelRunner:
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.cache_key} ready") or ()): cache.update(stored)
     # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
     if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
+    # -- devices and weights
     # tensor parallel: DEVICE:0..N-1 (virtual devices on the CPU), each holding its share of every layer's heads and of the KV pool
     tp, heads, kv_heads = config.tensor_parallel_size, hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
     if heads % tp or kv_heads % tp: raise ValueError(f"tensor_parallel_size {tp} must divide the {heads} attention heads and {kv_heads} KV heads")
@@ -54,10 +60,12 @@ class ModelRunner:
     self.devices = tuple(f"{self.device}:{i}" for i in range(tp))
     try: Device[self.devices[-1]]   # the last one opens only if all before it exist
     except Exception as e: raise ValueError(f"tensor_parallel_size {tp}: tinygrad cannot open {self.devices[-1]} ({e})") from None
-    self.dtype = self.pick_dtype(hf_config); self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
+    # what the model is built at: its compute dtype and context length (cut to the KV pool below)
+    self.dtype, self.max_model_len = self.pick_dtype(hf_config), min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
     weights = load_weights(model_dir, hf_config, self.dtype, config.load_format == "dummy", self.devices)
     self.model = Transformer(hf_config, weights, self.max_model_len, self.devices)
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
+    # -- KV pool: per layer a K and a V pool of (num_blocks * block_size slots, KV heads, head_dim); max_model_len cut to what it holds
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
     # by default enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB; on CUDA, the one device where tinygrad tells free
@@ -73,19 +81,23 @@ class ModelRunner:
     # Tensor parallel: split by KV head
     self.kv = [[words(empty(pool_shape, self.dtype, self.devices, 1)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
+    # -- step buffer: the token buckets (powers of two up to the largest step) and the one input buffer they all read
     top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
     # a row samples per sequence; a block-table row is as long as the longest sequence
     self.max_rows, self.max_blocks = min(top, config.max_num_seqs), -(-self.max_model_len // block_size)
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
     size = top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS))
-    self.step_buffer = Tensor(np.zeros(size, np.int32)).to(self.devices).realize()   # tensor parallel: a copy on every device
-    # TinyJit graphs (the model's by token bucket, the sampler's by row count), llguidance's thread pool, and the sizes of the stored caches
-    # as read (written back only if capturing adds to them)
-    self.graphs, self.grammar_pool, self.stored = {}, llguidance.LLExecutor(), list(map(len, STORED_CACHES))
-    # a batch that only uses top-k/top-p reuses one all-ones grammar mask per row count, uploaded once instead of every step
+    # tensor parallel: a copy on every device
+    self.step_buffer = Tensor(np.zeros(size, np.int32)).to(self.devices).realize()
+    # the sampler's other input, the grammar masks: filled on llguidance's thread pool; a batch that only uses top-k/top-p reuses one
+    # all-ones mask per row count, uploaded once instead of every step
     ones = lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).to(self.devices).realize()
-    self.no_grammar = functools.cache(ones)
+    self.no_grammar, self.grammar_pool = functools.cache(ones), llguidance.LLExecutor()
+    # -- capture plan
+    # TinyJit graphs (the model's by token bucket, the sampler's by row count), and the sizes of the stored caches as read (written back
+    # only if capturing adds to them)
+    self.graphs, self.stored = {}, list(map(len, STORED_CACHES))
     # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
     # server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers are both in, so no step
@@ -113,7 +125,8 @@ class ModelRunner:
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     attention = lambda layer, qkv: paged_attention(qkv, *kv_write(*self.kv[layer], inputs["slots"], qkv), block_tables, inputs["token_seq"],
                                                    inputs["positions"], inputs["cached_lens"], self.config.block_size)
-    return self.model(inputs["tokens"], inputs["positions"], attention, inputs["logits_idx"])   # only the rows that sample
+    # the logits of only the rows that sample
+    return self.model(inputs["tokens"], inputs["positions"], attention, inputs["logits_idx"])
 
   def sample(self, logits:Tensor, allowed:Tensor|None=None) -> Tensor:
     """Sampling is a graph of its own in two variants: the filtering one (grammar masks, top-k, top-p, min-p) costs several passes over the
@@ -125,36 +138,47 @@ class ModelRunner:
     return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
 
   def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple[typing.Callable, list]:
-    """Packs the step that computes k tokens of each (seq, k). Returns its launch, which gives (on the GPU, not waited for) one token
-    for each sequence whose last token is computed, and those sequences, in batch order. The launch reads the input tokens last: with
-    async scheduling, the previous step's samples are among them, and they arrive only just before."""
+    """Packs the step that computes num_new tokens of each (seq, num_new). Returns its launch, which gives (on the GPU, not waited for)
+    the sampled tensor, one token for each sequence whose last token is computed, and those sampling sequences, in batch order. The
+    launch reads the input tokens last: with async scheduling, the previous step's samples are among them, and they arrive only just
+    before."""
     block_size, vocab_size = self.config.block_size, self.hf_config["vocab_size"]
-    # one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy calls per
-    # sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
-    scalars = [(s.num_computed_tokens, k, len(s), len(s.block_table), s.seed, s.params.top_k) for s, k in batch]
-    num_cached, num_new, length, num_blocks, seed, top_k = np.array(scalars, int).reshape(-1, 6).T
-    floats = [(s.params.temperature, s.params.top_p, s.params.min_p) for s, _ in batch]   # they travel as float32 bits
-    temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T; total = int(num_new.sum())
+    # -- per sequence: one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy
+    # calls per sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
+    scalars = [(s.num_computed_tokens, num_new, len(s), len(s.block_table), s.seed, s.params.top_k) for s, num_new in batch]
+    # (len(batch),) each; total: the step's real tokens
+    num_cached, num_new, length, num_blocks, seed, top_k = np.array(scalars, int).reshape(-1, 6).T; total = int(num_new.sum())
+    # the per-sequence floats, which travel as float32 bits
+    floats = [(s.params.temperature, s.params.top_p, s.params.min_p) for s, _ in batch]
+    # (len(batch),) each, float32 bits as int32
+    temperature, top_p, min_p = np.array(floats, np.float32).view(np.int32).reshape(-1, 3).T
+    # -- the step buffer's part for the smallest bucket that holds the step (or the one asked for): num_tokens tokens, num_rows rows
     num_tokens = num_tokens or next(b for b in self.buckets if b >= total)
     layout = step_layout(num_tokens, num_rows := min(num_tokens, self.max_rows), self.max_blocks)
+    # (layout's last stop,): the bucket's part of the step buffer, which launch copies to the device
     packed = np.zeros(max(where.stop for where in layout.values()), np.int32)
-    # rows are views: writing a row writes the buffer
-    rows = {name: packed[where] for name, where in layout.items()}; block_tables = rows["block_tables"].reshape(num_rows, self.max_blocks)
+    # inputs are views: writing one writes packed. block_tables: (num_rows, max_blocks), sequence i's table in row i
+    inputs = {name: packed[where] for name, where in layout.items()}; block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     block_tables[:len(batch)][np.arange(self.max_blocks) < num_blocks[:, None]] = list(itertools.chain(*(s.block_table for s, _ in batch)))
+    # -- per token, (total,) each (the bucket's tokens past total are padding): its sequence, position, cached length and KV slot
     seq_of_token = np.repeat(np.arange(len(batch)), num_new)
     positions = np.arange(total) - np.repeat(np.cumsum(num_new) - num_new, num_new) + num_cached[seq_of_token]
-    rows["positions"][:total], rows["token_seq"][:total], rows["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
+    inputs["positions"][:total], inputs["token_seq"][:total], inputs["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
     # padding tokens write nowhere
-    rows["slots"][:] = -1; rows["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    # a row samples after a sequence's last token, once its prompt is done
+    inputs["slots"][:] = -1; inputs["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+    # -- per sampling row, (len(row_seq),) each: a row samples after a sequence's last token, once its prompt is done
     row_seq = seq_of_token[logits_idx := np.flatnonzero(positions >= (length - 1)[seq_of_token])]
+    # (len(batch),): 0 and -1 (off) become the whole vocabulary
     top_k = np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size)
     per_row = {"logits_idx": logits_idx, "out_positions": positions[logits_idx] + 1} | {name: values[row_seq] for name, values in
                (("seeds", seed), ("temperatures", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}
-    for name, values in per_row.items(): rows[name][:len(row_seq)] = values
-    sampled = [batch[i][0] for i in row_seq]
-    filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampled)
-    def call(graph:tuple, fxn, *args, **sizes):   # each graph is a TinyJit; the sizes (ints) are baked in at capture
+    for name, values in per_row.items(): inputs[name][:len(row_seq)] = values
+    sampling = [batch[i][0] for i in row_seq]
+    filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampling)
+    # -- the launch: call runs one graph (made on its first use); launch copies the packed inputs in, then runs the model's graph and
+    # the sampler's
+    # each graph is a TinyJit; the sizes (ints) are baked in at capture
+    def call(graph:tuple, fxn, *args, **sizes):
       # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load). The step
       # buffer is read where it lies, not passed in: tinygrad rewrites every graph node that reads an input at each replay (tinygrad
       # internals: its CUDA graph), hundreds a step for a 48-layer model, host time the GPU waits for. So the graph keeps its constant
@@ -162,30 +186,34 @@ class ModelRunner:
       if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn); jit.cnt = 1
       return (fxn if self.config.enforce_eager else jit)(*args, **sizes)
     def launch() -> Tensor:
-      rows["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + k] for s, k in batch)), int)
+      # (total,): the step's input tokens, packed last (see the docstring)
+      inputs["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + num_new] for s, num_new in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
-      for dev in getattr(buffer := self.step_buffer.uop.buffer, "bufs", [buffer]):   # each device's copy (a MultiBuffer's bufs)
+      # each device's copy (a MultiBuffer's bufs)
+      for dev in getattr(buffer := self.step_buffer.uop.buffer, "bufs", [buffer]):
         dev.allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
       logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
-      return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampled, num_rows)] if filtered else []))
-    return launch, sampled
+      return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampling, num_rows)] if filtered else []))
+    return launch, sampling
 
-  def grammar_masks(self, sampled:list[Sequence], num_rows:int) -> Tensor:
-    """Each sampled row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
-    if not (rows := [(seq.matcher, row) for row, seq in enumerate(sampled) if seq.matcher]): return self.no_grammar(num_rows)
+  def grammar_masks(self, sampling:list[Sequence], num_rows:int) -> Tensor:
+    """Each sampling row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
+    if not (matchers := [(seq.matcher, row) for row, seq in enumerate(sampling) if seq.matcher]): return self.no_grammar(num_rows)
     # on llguidance's thread pool, while the GPU runs the step's forward pass (launched before this is called)
-    words = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
-    llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, rows, words); return Tensor(words).to(self.devices)
+    bitmask = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
+    llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, matchers, bitmask); return Tensor(bitmask).to(self.devices)
 
   def capture_next(self) -> tuple:
     """Capture the first pending unit, and return it (it stays pending until it is in); after the last, store the caches they filled. BEAM,
     when asked for, tunes only the decode-sized graphs."""
-    if self.stored is None:   # the first unit after the engine's first graphs: the rest of the stored caches (see __init__)
+    # the first unit after the engine's first graphs: the rest of the stored caches (see __init__)
+    if self.stored is None:
       for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
       self.stored = list(map(len, STORED_CACHES))
     with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
-    if unit[1]: self.buckets = sorted({*self.buckets, unit[0]})   # its filtered sampler in (after its plain one): steps may use it
+    # its filtered sampler in (after its plain one): steps may use it
+    if unit[1]: self.buckets = sorted({*self.buckets, unit[0]})
     if len(self.pending) > 1: return self.pending.pop(0)
     # how many kernels they lowered and compiled says whether cache.db held them
     log.info("all %d step graphs captured: %d kernels lowered after the first ones", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])

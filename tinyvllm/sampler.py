@@ -8,7 +8,8 @@ from tinyvllm.sequence import ParamError
 # compact JSON (no endless whitespace, and no lone space tokens: sentencepiece-style vocabularies such as the bundled model's merge a
 # space into the token after it, so a grammar that needs `": "` could reach no token that continues it)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE),   # vLLM's structured-output kinds
+# vLLM's structured-output kinds
+GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE),
             "json_object": lambda _: LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE),
             # llguidance's own builder: a regex, a Lark or GBNF grammar, a list of strings to choose from
             **{kind: functools.partial(llguidance.grammar_from, kind) for kind in ("regex", "grammar", "choice")}}
@@ -18,13 +19,14 @@ def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
   at 128k tokens one of the largest parts of a warm start (BENCHMARKS.md, issue #40)."""
   return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))
 
-def compile_grammar(structured_outputs:dict, tokenizer:llguidance.LLTokenizer) -> str:
-  """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} as a checked grammar."""
+def compile_grammar(structured_outputs:dict, ll_tokenizer:llguidance.LLTokenizer) -> str:
+  """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} as a grammar checked against
+  llguidance's tokenizer (grammar_tokenizer's)."""
   if not isinstance(structured_outputs, dict) or len(structured_outputs) != 1 or next(iter(structured_outputs)) not in GRAMMARS:
     raise ParamError("structured_outputs", f"takes one of {sorted(GRAMMARS)}")
   try: grammar = GRAMMARS[kind := next(iter(structured_outputs))](structured_outputs[kind])
   except (ValueError, TypeError) as e: raise ParamError("structured_outputs", f"{kind} is not valid: {e}") from None
-  if error := LLMatcher.validate_grammar(grammar, tokenizer): raise ParamError("structured_outputs", error)
+  if error := LLMatcher.validate_grammar(grammar, ll_tokenizer): raise ParamError("structured_outputs", error)
   return grammar
 
 def hash_uniform(seeds:Tensor, positions:Tensor, vocab_size:int) -> Tensor:
@@ -32,7 +34,8 @@ def hash_uniform(seeds:Tensor, positions:Tensor, vocab_size:int) -> Tensor:
   request samples the same text whatever else shares its batch, and no per-sequence generator state lives on the host."""
   u32 = lambda t: t.cast(dtypes.uint32)
   x = u32(seeds).unsqueeze(1) * 0x9E3779B1 + u32(positions).unsqueeze(1) * 0x85EBCA77 + Tensor.arange(vocab_size, dtype=dtypes.uint32) * 0xC2B2AE3D
-  for mul in (0x85EBCA6B, 0xC2B2AE35): x = (x ^ (x >> 16)) * mul   # murmur3's finalizer mixes every input bit into every output bit
+  # murmur3's finalizer mixes every input bit into every output bit
+  for mul in (0x85EBCA6B, 0xC2B2AE35): x = (x ^ (x >> 16)) * mul
   return (u32(x ^ (x >> 16)) >> 8).cast(dtypes.float32).add(0.5).div(2**24)
 
 def threshold(probs:Tensor, enough, ways:int=16, rounds:int=6) -> Tensor:
@@ -41,7 +44,8 @@ def threshold(probs:Tensor, enough, ways:int=16, rounds:int=6) -> Tensor:
   lo, hi = probs.max(-1, keepdim=True).zeros_like(), probs.max(-1, keepdim=True)
   for _ in range(rounds):
     candidates = lo + (hi - lo) * Tensor.arange(1, ways + 1).div(ways + 1)   # (R, ways), ascending
-    passed = enough(probs.unsqueeze(1) >= candidates.unsqueeze(2))[..., 0].sum(-1, keepdim=True)   # enough() falls as t rises: a prefix passes
+    # enough() falls as t rises: a prefix passes
+    passed = enough(probs.unsqueeze(1) >= candidates.unsqueeze(2))[..., 0].sum(-1, keepdim=True)
     lo = (passed > 0).where(candidates.gather(-1, (passed - 1).maximum(0)), lo)
     hi = (passed < ways).where(candidates.gather(-1, passed.minimum(ways - 1)), hi)
   return lo
@@ -63,7 +67,8 @@ def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, t
 def argmax(x:Tensor, chunk:int=128) -> Tensor:
   """x.argmax(-1) of (R, V) as int32 (the first of equal maxima), in two passes: the row's chunks of `chunk` tokens, each reduced by its own
   thread group, then the chunk holding the max. tinygrad's own argmax of a vocabulary-long row ran on 128 threads, each ~1,200 tokens in turn."""
-  x = x.pad((None, (0, -x.shape[1] % chunk)), value=-math.inf).reshape(x.shape[0], -1, chunk)   # (R, chunks, chunk)
+  # (R, chunks, chunk)
+  x = x.pad((None, (0, -x.shape[1] % chunk)), value=-math.inf).reshape(x.shape[0], -1, chunk)
   best = x.max(-1).argmax(-1)   # (R,) the first chunk holding the max
   return (best * chunk + x[Tensor.arange(x.shape[0]), best].argmax(-1)).cast(dtypes.int32)
 

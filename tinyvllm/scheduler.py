@@ -1,3 +1,6 @@
+"""The scheduler, called by llm_engine each step: which sequences run and how many new tokens of each (continuous batching, chunked
+prefill, preemption), then the host side of the tokens they sample (placeholders, grammar state, stop checks, detokenized text). It
+takes KV blocks from block_manager and never touches the device: model_runner computes what it schedules."""
 import collections, numpy as np
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status, CompletionOutput
@@ -8,57 +11,65 @@ class Scheduler:
   prompts in arrival order, chunked so a long prompt never stalls the decodes. When blocks run out, the most recently admitted sequence is
   preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap). A step's bookkeeping is split
   around the GPU, as in vLLM's async scheduling: `advance` right after its launch, `receive` when its tokens arrive (just before the next
-  launch), and `check_stop` on each token kept while the next step runs (nano-vllm's postprocess)."""
+  launch), and `postprocess` on each token kept while the next step runs (nano-vllm's name)."""
   def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
     # running in admission order: the last one is the first to be preempted
     self.config, self.bm, self.eos_ids, self.waiting, self.running, self.num_preemptions = config, block_manager, eos_ids, collections.deque(), [], 0
     self.num_prompt_tokens = self.num_generation_tokens = 0   # counters
 
-  def schedule(self, max_tokens:float=float("inf")) -> list[tuple[Sequence, int]]:
-    """Returns (sequence, number of its tokens to compute this step); a sequence whose last token is computed samples one more.
-    max_tokens: the largest step the runner has a graph for yet, if under the configured budget."""
-    budget, batch = min(max_tokens, self.config.max_num_batched_tokens), []
+  def schedule(self, max_step_tokens:float=float("inf")) -> list[tuple[Sequence, int]]:
+    """Returns (sequence, num_new: how many of its tokens to compute this step); a sequence whose last token is computed samples one
+    more. max_step_tokens: the largest step the runner has a graph for yet, if under the configured budget."""
+    budget, batch = min(max_step_tokens, self.config.max_num_batched_tokens), []
     for seq in list(self.running):
-      if seq.status != Status.RUNNING: continue   # preempted below while making room for an earlier sequence
-      if (num_tokens := min(len(seq) - seq.num_computed_tokens, budget)) == 0: break
-      while seq.status == Status.RUNNING and not self.bm.append(seq, num_tokens): self.preempt(self.running[-1])
-      if seq.status == Status.RUNNING: batch.append((seq, num_tokens)); budget -= num_tokens
+      # skipped: preempted below while making room for an earlier sequence
+      if seq.status != Status.RUNNING: continue
+      if (num_new := min(len(seq) - seq.num_computed_tokens, budget)) == 0: break
+      while seq.status == Status.RUNNING and not self.bm.append(seq, num_new): self.preempt(self.running[-1])
+      if seq.status == Status.RUNNING: batch.append((seq, num_new)); budget -= num_new
     while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
       seq = self.waiting[0]
       if not self.bm.allocate(seq): break
       self.waiting.popleft(); self.running.append(seq); seq.status = Status.RUNNING
-      batch.append((seq, num_tokens := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_tokens
+      batch.append((seq, num_new := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_new
     return batch
 
   def advance(self, batch:list[tuple[Sequence, int]]):
     """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples holds a
     placeholder for the token the GPU is drawing, so the next step can be scheduled now (vLLM's async scheduling)."""
-    for seq, num_tokens in ((seq, k) for seq, k in batch if seq.status == Status.RUNNING):   # not one the previous step's token stopped
-      seq.num_computed_tokens += num_tokens; self.bm.commit(seq)   # full blocks are registered for prefix caching
-      if seq.num_computed_tokens == len(seq): seq.token_ids.append(-1)   # a mid-prompt chunk samples nothing
+    # the sequences still running: not one the previous step's token stopped
+    for seq, num_new in ((seq, num_new) for seq, num_new in batch if seq.status == Status.RUNNING):
+      # full blocks are registered for prefix caching
+      seq.num_computed_tokens += num_new; self.bm.commit(seq)
+      # a mid-prompt chunk samples nothing
+      if seq.num_computed_tokens == len(seq): seq.token_ids.append(-1)
 
-  def receive(self, seqs:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
-    """A step's tokens replace their placeholders before the next step's launch, which reads them (and their grammars' masks). Returns
-    (sequence, token, its length with the token) for each token kept."""
+  def receive(self, sampling:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
+    """A step's tokens (one for each of its sampling sequences) replace their placeholders before the next step's launch, which reads
+    them (and their grammars' masks). Returns (sequence, token, its length with the token) for each token kept."""
     # not a sequence the step before stopped
-    kept = [(seq, int(token), len(seq)) for seq, token in zip(seqs, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1]
+    kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1]
     for seq, token, _ in kept: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
     return kept
 
-  def check_stop(self, seq:Sequence, token:int, length:int) -> CompletionOutput:
-    """Count, detokenize, then check stop conditions; text that could be the start of a stop string is held back until it is decided."""
+  def postprocess(self, seq:Sequence, token:int, length:int) -> CompletionOutput:
+    """A kept token's output: counts it, detokenizes it, checks the stop conditions (finishing the sequence on one) and emits the text
+    decided; text that could be the start of a stop string is held back until it is decided."""
     params, searched = seq.params, len(seq.held_text)
-    if length == seq.num_prompt_tokens + 1: self.num_prompt_tokens += seq.num_prompt_tokens   # its first token: its prompt is done
+    # its first token: its prompt is done
+    if length == seq.num_prompt_tokens + 1: self.num_prompt_tokens += seq.num_prompt_tokens
     # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
     self.num_generation_tokens += 1; seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
     if token in params.stop_token_ids: reason, stop_reason = "stop", token
     # EOS, or the end of its grammar
     elif token in self.eos_ids and not params.ignore_eos or seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"
-    for stop in params.stop:   # a match can only start in the new text or in the len(stop) - 1 held characters before it
+    # a match can only start in the new text or in the len(stop) - 1 held characters before it
+    for stop in params.stop:
       if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
         seq.held_text = seq.held_text[:i + len(stop) if params.include_stop_str_in_output else i]; reason, stop_reason = "stop", stop
     if reason is None and (length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len): reason = "length"
-    if reason: del seq.token_ids[length:]; self.finish(seq)   # the placeholder of a step scheduled meanwhile is dropped
+    # the placeholder of a step scheduled meanwhile is dropped
+    if reason: del seq.token_ids[length:]; self.finish(seq)
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
     text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
     return CompletionOutput(0, text, [token], reason, stop_reason)

@@ -1,3 +1,6 @@
+"""A request's data, with vLLM's names: SamplingParams (checked here, once, for the server and the offline API), the Sequence that
+carries one request through llm_engine, scheduler, block_manager and model_runner, and the outputs llm_engine returns. Plain data,
+imported by every layer; it imports nothing of the engine."""
 import dataclasses, enum, math
 from dataclasses import dataclass, field
 
@@ -18,11 +21,13 @@ RANGES = {"n": (int, lambda n: n == 1, "1: n > 1 is not supported"), "max_tokens
 @dataclass
 class SamplingParams:
   """Per-request sampling knobs with vLLM's names, defaults and ranges, checked once here for the server and the offline API alike."""
-  # top_k: -1 or 0 keeps the whole vocabulary; min_p: drop tokens less likely than min_p times the most likely one
-  n: int = 1; max_tokens: int = 16; temperature: float = 1.0; top_p: float = 1.0; top_k: int = -1; min_p: float = 0.0
-  seed: int | None = None; stop: str | list[str] | None = None; stop_token_ids: list[int] = field(default_factory=list)
-  # structured_outputs: {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or {"grammar": lark}; logprobs: only None
-  ignore_eos: bool = False; include_stop_str_in_output: bool = False; structured_outputs: dict | None = None; logprobs: int | None = None
+  # how each token is drawn. top_k: -1 or 0 keeps the whole vocabulary; min_p: drop tokens less likely than min_p times the most likely one
+  temperature: float = 1.0; top_p: float = 1.0; top_k: int = -1; min_p: float = 0.0; seed: int | None = None
+  # when the output ends
+  max_tokens: int = 16; stop: str | list[str] | None = None; stop_token_ids: list[int] = field(default_factory=list); ignore_eos: bool = False
+  # what the output holds. structured_outputs: {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or
+  # {"grammar": lark}; logprobs: only None
+  n: int = 1; include_stop_str_in_output: bool = False; structured_outputs: dict | None = None; logprobs: int | None = None
   def __post_init__(self):
     # each number finite, of its field's type and in its range, or ParamError: JSON allows 10**309 or NaN, which would overflow or poison
     # the step's float32 buffer
@@ -47,7 +52,8 @@ class CompletionOutput:
   # finish_reason: "stop" or "length" (an aborted request gets no more outputs); stop_reason: the stop string or stop token id that ended
   # it (None for EOS, length or abort), as in vLLM
   index: int; text: str; token_ids: list[int]; finish_reason: str | None = None; stop_reason: str | int | None = None
-  def __add__(self, delta:"CompletionOutput") -> "CompletionOutput":   # the output so far and the next delta, as one
+  def __add__(self, delta:"CompletionOutput") -> "CompletionOutput":
+    """The output so far and the next delta, as one."""
     return dataclasses.replace(delta, text=self.text + delta.text, token_ids=self.token_ids + delta.token_ids)
 
 @dataclass

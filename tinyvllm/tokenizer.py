@@ -1,8 +1,12 @@
+"""The tokenizer: text and chat messages to token ids, and token ids back to text one token at a time, from a model folder's
+tokenizer.json and chat template. llm_engine encodes prompts with it and gives each sequence a detokenizer, which the scheduler calls
+per token; chat.py renders chat prompts through it. It touches no tensor."""
 import datetime, json, os, pathlib, typing, jinja2, jinja2.ext, jinja2.sandbox, tokenizers
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
 def _name(token): return token.get("content") if isinstance(token, dict) else token
-def _text(c): return c if c is None or isinstance(c, str) else "\n".join(p["text"] for p in c if p.get("type") == "text")  # vLLM joins parts
+# a message's content: a string, or its text parts joined by newlines, as vLLM does
+def _text(c): return c if c is None or isinstance(c, str) else "\n".join(p["text"] for p in c if p.get("type") == "text")
 def _raise(msg): raise jinja2.exceptions.TemplateError(msg)
 
 class Tokenizer:
@@ -14,7 +18,8 @@ class Tokenizer:
     try: self.hf = hf = tokenizers.Tokenizer.from_file(path)
     except Exception as e: raise ValueError(f"{model_dir}: tokenizer.json could not be read ({e})") from None
     config, special_map = _json(model_dir, "tokenizer_config.json"), _json(model_dir, "special_tokens_map.json")
-    self.specials = {t.content: i for i, t in hf.get_added_tokens_decoder().items()}   # added tokens: their strings encode to their ids
+    # added tokens: their strings encode to their ids
+    self.specials = {t.content: i for i, t in hf.get_added_tokens_decoder().items()}
     # HF adds BOS in the post-processor ("<bos> $A"), not with a flag: what it adds to an empty text is the BOS
     fmt_bos = next(iter(hf.encode("").tokens), None)
     self.bos_token, self.eos_token = (_name(config.get(k, special_map.get(k, fmt))) for k, fmt in (("bos_token", fmt_bos), ("eos_token", None)))
@@ -26,9 +31,11 @@ class Tokenizer:
     if tmpl is None and os.path.isfile(p := os.path.join(model_dir, "chat_template.jinja")): tmpl = pathlib.Path(p).read_text(encoding="utf-8")
     # the environment transformers renders chat templates in, so that prompts match HF's apply_chat_template
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent, **kw)  # jinja's own escapes html
+    # transformers' tojson: jinja's own escapes html
+    env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, ensure_ascii=False, indent=indent, **kw)
     env.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
-    self.chat_template, self.chat_template_text = env.from_string(tmpl) if tmpl else None, tmpl or ""   # chat.py reads the text's markup
+    # the template's text too: chat.py reads its markup
+    self.chat_template, self.chat_template_text = env.from_string(tmpl) if tmpl else None, tmpl or ""
 
   def encode(self, text:str, add_special_tokens:bool=True) -> list[int]:
     # BOS is ours to add (add_bos_token may override the post-processor)
@@ -44,9 +51,9 @@ class Tokenizer:
       except Exception: return streams.append(tokenizers.decoders.DecodeStream(skip_special_tokens=True)) or streams[-1].step(self.hf, token)
     return step
 
-  def encode_chat(self, messages:list[dict], add_generation_prompt:bool=True, **template_kwargs) -> list[int]:   # tools=, enable_thinking=
+  def encode_chat(self, messages:list[dict], add_generation_prompt:bool=True, **template_kwargs) -> list[int]:
     """The conversation as the model's chat template renders it (a base model's: the contents a line each), as token ids; BOS is added
-    only where the template has not written it."""
+    only where the template has not written it. template_kwargs go to the template: tools=, enable_thinking=, ..."""
     messages = [m | {"content": _text(m["content"])} if "content" in m else m for m in messages]
     text = self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token or "",
       eos_token=self.eos_token or "", **template_kwargs) if self.chat_template is not None else "\n".join(m.get("content") or "" for m in messages)
