@@ -49,7 +49,7 @@ PARSES = [  # (output, tool format, template knows <think>, prompt opened <think
   (CALL, None, False, False, CALL, None, []),                                                        # tool_choice none: no tool parsing
 ]
 
-def parser_of(tool_format, reasoning, thinking): return OutputParser(tool_format, reasoning, thinking, 0)
+def parser_of(tool_format, reasoning, thinking): return OutputParser(tool_format, reasoning, thinking)
 
 def feed(parser, text, finish_reason=None) -> dict:   # a piece of output as the engine gives it: the streamed delta, {} for none
   return (parser.feed(CompletionOutput(0, text, [], finish_reason)) or {}).get("delta", {})
@@ -153,7 +153,7 @@ def test_prompt_matches_transformers(base, name, tool_format, kwargs):
     hf_ids = hf.apply_chat_template(hf_messages(CONVERSATION), tools=tools if choice != "none" else None, add_generation_prompt=True,
                                     return_dict=True, **kwargs)["input_ids"]
     assert prompt == list(hf_ids), (name, choice)
-    assert (parser(0).json is not None) == (tools is not None and choice != "none" and tool_format == "json")
+    assert (parser.json is not None) == (tools is not None and choice != "none" and tool_format == "json")
     assert (grammar is not None) == (choice == "required")
   text = hf.apply_chat_template(hf_messages(CONVERSATION), tools=TOOLS, add_generation_prompt=True, tokenize=False, **kwargs)
   assert "<tool_call>" in text if tool_format == "hermes" else '"parameters"' in text
@@ -166,7 +166,7 @@ def test_reasoning_state_follows_the_prompt(base):
            ("qwen2.5", {}, "content"), ("llama3.2", {}, "content")]   # undecided: a <think> may open the output
   for name, kwargs, mode in cases:
     tok = Tokenizer(str(folder(base.parent / name, TEMPLATES[name])))
-    assert request(tok, None, user | {"chat_template_kwargs": kwargs})[2](0).router.mode == mode, name
+    assert request(tok, None, user | {"chat_template_kwargs": kwargs})[2].router.mode == mode, name
   with pytest.raises(ValueError, match="neither") as e: request(tok := Tokenizer(str(base.parent / "deepseek-r1-distill-qwen")), None, user | {"tools": TOOLS})
   assert e.value.param == "tools"
   assert request(tok, None, user | {"tools": TOOLS, "tool_choice": "none"})[0] == request(tok, None, user)[0]   # none: no tools, no error
