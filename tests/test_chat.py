@@ -49,14 +49,14 @@ PARSES = [  # (output, tool format, template knows <think>, prompt opened <think
   (CALL, None, False, False, CALL, None, []),                                                        # tool_choice none: no tool parsing
 ]
 
-def parser_of(tool_format, reasoning, thinking): return OutputParser(tool_format, reasoning, thinking)
+def parser_of(tool_format, reasoning, thinking, parallel=True): return OutputParser(tool_format, reasoning, thinking, parallel)
 
 def feed(parser, text, finish_reason=None) -> dict:   # a piece of output as the engine gives it: the streamed delta, {} for none
   return (parser.feed(CompletionOutput(0, text, [], finish_reason)) or {}).get("delta", {})
 
-def parse(text:str, cuts:list[int], tool_format, reasoning, thinking, finish_reason="stop"):
+def parse(text:str, cuts:list[int], tool_format, reasoning, thinking, finish_reason="stop", parallel=True):
   """OutputParser over `text` fed in pieces cut at `cuts`: its whole reply, and the merged deltas it streamed."""
-  parser, streamed, bounds = parser_of(tool_format, reasoning, thinking), {}, [0, *cuts, len(text)]
+  parser, streamed, bounds = parser_of(tool_format, reasoning, thinking, parallel), {}, [0, *cuts, len(text)]
   pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
   for k, piece in enumerate(pieces): merge(streamed, feed(parser, piece, finish_reason if k == len(pieces) - 1 else None))
   reply = parser.reply()
@@ -81,6 +81,20 @@ def test_parser_at_every_chunk_boundary(text, tool_format, reasoning, thinking, 
     assert summary(reply) == summary(whole) == summary(streamed), cuts
     assert [c["index"] for c in streamed.get("tool_calls", [])] == list(range(len(calls))) and all("index" not in c for c in reply.get("tool_calls", []))
   assert summary(parse(text, [], tool_format, reasoning, thinking, "length")[0]) == summary(whole)   # max_tokens: the same split
+
+LIMITS = [  # (output, finish_reason, parallel_tool_calls) -> (content, calls)
+  (CALL + "\n" + CALL2, "stop", False, None, [WEATHER_CALL]),          # parallel_tool_calls false: the first call only (vLLM)
+  ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", False, "Both.\n", [WEATHER_CALL]),
+  ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", True, "Both.\n\nand\n\nDone.", [WEATHER_CALL, CLOCK_CALL]),  # as before
+]
+
+@pytest.mark.parametrize("text,finish_reason,parallel,content,calls", LIMITS, ids=[f"{p[1]}-{p[2]}-{p[0][:20]}" for p in LIMITS])
+def test_parser_drops_later_calls(text, finish_reason, parallel, content, calls):
+  """With parallel_tool_calls false, only the first call is kept (and the content before it), as vLLM does. The same, streamed at every
+  chunk boundary."""
+  for cuts in [[]] + [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]:
+    reply, streamed = parse(text, cuts, "hermes", False, False, finish_reason, parallel)
+    assert summary(reply) == summary(streamed) == (content, None, calls), cuts   # parse checks finish_reason
 
 def test_parser_holds_back_only_what_may_be_a_tag():
   parser = parser_of("hermes", True, False)
@@ -262,6 +276,10 @@ def test_forced_tool_calls_always_validate(qwen, choice):
     seen |= set(valid_calls(c.message.tool_calls, names))
     assert choice == "required" or len(c.message.tool_calls) == 1   # a named function is called once
   assert seen == names   # random weights at T=1 reach every tool
+  if choice == "required":   # parallel_tool_calls false: the grammar ends after one call
+    with ThreadPoolExecutor(4) as pool:
+      single = list(pool.map(lambda seed: qwen.chat.completions.create(seed=seed, parallel_tool_calls=False, **kw).choices[0], range(1, 5)))
+    assert all(c.finish_reason == "tool_calls" and len(valid_calls(c.message.tool_calls, names)) == 1 for c in single)
   for seed in (2, 3):
     kw = dict(messages=USER, tools=TOOLS, tool_choice=choice, temperature=1, seed=seed, max_tokens=600)
     finish, message, calls = streamed(qwen, **kw)
@@ -291,7 +309,7 @@ def test_tool_calls_round_trip(qwen, base):
 def test_auto_tool_calls_and_markup_through_the_engine(qwen):
   """tool_choice auto parses whatever the model writes. The engine is made (through a grammar) to write two calls and broken markup, the
   tags as Qwen's tokens (llguidance forces quoted text through the tokenizer, which would give those tokens anyway): the calls, and the
-  broken one as content; the newlines between calls are markup."""
+  broken one as content; the newlines between calls are markup. With parallel_tool_calls false, only the first call."""
   body = lambda call: json.dumps(call.removeprefix("<tool_call>").removesuffix("</tool_call>"))
   grammar = f'start: <tool_call> {body(CALL2)} </tool_call> "\\n" <tool_call> {body(CALL)} </tool_call> "\\n" <tool_call> "{{oops}}" </tool_call>'
   kw = dict(messages=USER, tools=TOOLS, max_tokens=200, extra_body={"structured_outputs": {"grammar": grammar}})
@@ -300,6 +318,11 @@ def test_auto_tool_calls_and_markup_through_the_engine(qwen):
   assert [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls] == [CLOCK_CALL, WEATHER_CALL]
   finish, message, calls = streamed(qwen, **kw)
   assert finish == "tool_calls" and message["content"] == whole.message.content and valid_calls(calls) == ["get_time", "get_weather"]
+  # parallel_tool_calls false: the first call, and nothing after it, streamed or not (vLLM drops the later calls)
+  first = qwen.chat.completions.create(model="tiny", parallel_tool_calls=False, **kw).choices[0]
+  assert first.finish_reason == "tool_calls" and first.message.content is None and valid_calls(first.message.tool_calls) == ["get_time"]
+  finish, message, calls = streamed(qwen, parallel_tool_calls=False, **kw)
+  assert finish == "tool_calls" and not message["content"] and valid_calls(calls) == ["get_time"]
 
 @pytest.mark.parametrize("body,param", [
   ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools"), ({"tools": [{"type": "code"}]}, "tools"),
