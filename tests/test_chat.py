@@ -80,18 +80,24 @@ def test_parser_at_every_chunk_boundary(text, tool_format, reasoning, thinking, 
     reply, streamed = parse(text, cuts, tool_format, reasoning, thinking)
     assert summary(reply) == summary(whole) == summary(streamed), cuts
     assert [c["index"] for c in streamed.get("tool_calls", [])] == list(range(len(calls))) and all("index" not in c for c in reply.get("tool_calls", []))
-  assert summary(parse(text, [], tool_format, reasoning, thinking, "length")[0]) == summary(whole)   # max_tokens: the same split
+  if "<tool_call>" not in text.rpartition("</tool_call>")[2]:   # max_tokens: the same split, unless it cut a call off (below)
+    assert summary(parse(text, [], tool_format, reasoning, thinking, "length")[0]) == summary(whole)
 
 LIMITS = [  # (output, finish_reason, parallel_tool_calls) -> (content, calls)
+  (CALL2 + "\n" + '<tool_call>\n{"name": "get_weather", "argu', "length", True, None, [CLOCK_CALL]),  # max_tokens cut a call: dropped
+  ("Let me see.\n<tool_call>\n{", "length", True, "Let me see.\n", []),
+  (CALL2[:-3], "length", True, None, []),                              # even one whose JSON is whole: max_tokens cut its end tag
+  (CALL2[:-3], "stop", True, CALL2[:-3], []),                          # a stop that is not max_tokens: markup that does not parse, content
   (CALL + "\n" + CALL2, "stop", False, None, [WEATHER_CALL]),          # parallel_tool_calls false: the first call only (vLLM)
   ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", False, "Both.\n", [WEATHER_CALL]),
   ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", True, "Both.\n\nand\n\nDone.", [WEATHER_CALL, CLOCK_CALL]),  # as before
+  (CALL + "\n" + CALL2 + "\n" + CALL[:20], "length", False, None, [WEATHER_CALL]),
 ]
 
 @pytest.mark.parametrize("text,finish_reason,parallel,content,calls", LIMITS, ids=[f"{p[1]}-{p[2]}-{p[0][:20]}" for p in LIMITS])
-def test_parser_drops_later_calls(text, finish_reason, parallel, content, calls):
-  """With parallel_tool_calls false, only the first call is kept (and the content before it), as vLLM does. The same, streamed at every
-  chunk boundary."""
+def test_parser_drops_cut_off_and_later_calls(text, finish_reason, parallel, content, calls):
+  """A call that max_tokens cut off before its end tag is never content; with parallel_tool_calls false, only the first call is kept
+  (and the content before it), as vLLM does. The same, streamed at every chunk boundary."""
   for cuts in [[]] + [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]:
     reply, streamed = parse(text, cuts, "hermes", False, False, finish_reason, parallel)
     assert summary(reply) == summary(streamed) == (content, None, calls), cuts   # parse checks finish_reason
@@ -200,6 +206,20 @@ def test_llama3_forced_call_grammar_on_its_vocabulary(llama3_dir):
   assert not accepts('<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
   required = request(tok, gt, body | {"tool_choice": "required"})[1]["grammar"]
   assert "get_weather" in required and "get_time" in required and "<tool_call>" not in required
+
+def test_hermes_forced_call_grammar_may_end_after_a_newline(base):
+  """A forced Hermes call may end right after </tool_call> or after one newline there (a model that writes it before it ends is not
+  made to call again); a second call only while parallel_tool_calls is not false."""
+  from llguidance import LLMatcher
+  tok = Tokenizer(str(folder(base.parent / "qwen2.5", TEMPLATES["qwen2.5"])))
+  gt = grammar_tokenizer(tok, tok.hf.get_vocab_size())
+  def accepts(grammar, text):
+    matcher = LLMatcher(gt, grammar, log_level=0)
+    return all(matcher.consume_token(t) for t in tok.encode(text, add_special_tokens=False)) and matcher.is_accepting()
+  body = {"messages": USER, "tools": TOOLS, "tool_choice": "required"}
+  parallel, single = (request(tok, gt, body | extra)[1]["grammar"] for extra in ({}, {"parallel_tool_calls": False}))
+  for grammar in (parallel, single): assert accepts(grammar, CALL) and accepts(grammar, CALL + "\n") and not accepts(grammar, CALL + "\n\n")
+  assert accepts(parallel, CALL + "\n" + CALL2) and accepts(parallel, CALL + "\n" + CALL2 + "\n") and not accepts(single, CALL + "\n" + CALL2)
 
 # ---- live servers: the official openai client against a random-weight Qwen2 ---------------------------------------------------------------
 
@@ -396,7 +416,7 @@ def test_trained_model_calls_and_answers(smollm2):
   assert named.finish_reason == "tool_calls" and valid_calls(named.message.tool_calls) == ["get_weather"]
   assert json.loads(named.message.tool_calls[0].function.arguments)["city"] == "Paris"
   required = smollm2.chat.completions.create(messages=weather, tool_choice="required", **kw).choices[0]
-  assert valid_calls(required.message.tool_calls)[0] == "get_weather"   # it may go on calling until max_tokens: that part is content
+  assert valid_calls(required.message.tool_calls)[0] == "get_weather"   # it may go on calling until max_tokens (a cut call is dropped)
   capital = [{"role": "user", "content": "What is the capital of France?"}]
   answer = smollm2.chat.completions.create(messages=capital, **kw).choices[0]
   assert answer.finish_reason == "stop" and not answer.message.tool_calls and "Paris" in answer.message.content

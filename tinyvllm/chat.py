@@ -81,14 +81,15 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
                     for name, schema in schemas.items())
   start = f'start: {tag("</think>")} "\\n\\n" ' if thinking else "start: "   # a reasoning turn the prompt opened ends at once
   if tool_format == "json": return f"{start}({call})"   # Llama 3 templates take one call per turn
-  # one call, or several a line apart
-  return start + 'tool_call' + ' ("\\n" tool_call)*' * parallel + f'\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")}'
+  # one call, or several; each may end its line: the turn may end after that newline too, not only right after </tool_call>, so a model
+  # that writes a newline before it ends is not made to call again
+  return start + 'tool_call' + '+' * parallel + f'\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")} "\\n"?'
 
 class OutputParser:
   """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning_content, content and tool_calls. StreamRouter
   holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice ends: markup that does
-  not parse is content. Llama 3's JSON form is a whole output that parses as one call (its <|python_tag|> is a special token, so never in
-  the text)."""
+  not parse is content, but for a call max_tokens cut off, which is dropped. Llama 3's JSON form is a whole output that parses as one
+  call (its <|python_tag|> is a special token, so never in the text)."""
   def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, parallel:bool=True):
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
     self.parallel = parallel   # false: the text before the first call and that call, no more (vLLM drops the later calls)
@@ -106,6 +107,8 @@ class OutputParser:
         if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
         text, self.json = "" if call else self.json, None
     for field, value in self.router.route(text, final): merge(delta, {field: value})
+    # a call that max_tokens cut off (no end tag) is dropped, never content, as vLLM does
+    if out.finish_reason == "length": self.router.buf = re.sub(r"<tool_call>(?!.*</tool_call>).*", "", self.router.buf, flags=re.S)
     # the calls, at the end
     for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S)[:None if self.parallel else 2]:
       call = part.startswith("<tool_call>") and self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))
