@@ -209,7 +209,7 @@ def test_llama3_forced_call_grammar_on_its_vocabulary(llama3_dir):
 
 def test_hermes_forced_call_grammar_may_end_after_a_newline(base):
   """A forced Hermes call may end right after </tool_call> or after one newline there (a model that writes it before it ends is not
-  made to call again); a second call only while parallel_tool_calls is not false."""
+  made to call again); a second call only while parallel_tool_calls is not false; no arguments beyond the schema's unless it allows them."""
   from llguidance import LLMatcher
   tok = Tokenizer(str(folder(base.parent / "qwen2.5", TEMPLATES["qwen2.5"])))
   gt = grammar_tokenizer(tok, tok.hf.get_vocab_size())
@@ -220,6 +220,13 @@ def test_hermes_forced_call_grammar_may_end_after_a_newline(base):
   parallel, single = (request(tok, gt, body | extra)[1]["grammar"] for extra in ({}, {"parallel_tool_calls": False}))
   for grammar in (parallel, single): assert accepts(grammar, CALL) and accepts(grammar, CALL + "\n") and not accepts(grammar, CALL + "\n\n")
   assert accepts(parallel, CALL + "\n" + CALL2) and accepts(parallel, CALL + "\n" + CALL2 + "\n") and not accepts(single, CALL + "\n" + CALL2)
+  # a schema that leaves additionalProperties out (pydantic's, so LangChain's and instructor's) gets no other keys; one that allows them does
+  loose = [{"type": "function", "function": {"name": "get_time", "parameters": {k: v for k, v in CLOCK.items() if k != "additionalProperties"}}}]
+  extra = CALL2.replace('"CET"}', '"CET", "city": "Paris"}')
+  for allowed in (None, True):
+    tools = loose if allowed is None else [{"type": "function", "function": {"name": "get_time", "parameters": CLOCK | {"additionalProperties": True}}}]
+    grammar = request(tok, gt, body | {"tools": tools})[1]["grammar"]
+    assert accepts(grammar, CALL2) and accepts(grammar, extra) == bool(allowed)
 
 # ---- live servers: the official openai client against a random-weight Qwen2 ---------------------------------------------------------------
 

@@ -77,6 +77,9 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
   """Lark for llguidance that admits only calls of these functions in the template's markup (one, or several if parallel); %json embeds
   each one's parameters schema. Tags that are tokens of the vocabulary are written bare, so that they match those tokens."""
   tag, key = lambda text: text if text in tokenizer.specials else json.dumps(text), "arguments" if tool_format == "hermes" else "parameters"
+  # no properties beyond a tool's own unless its schema allows them, as vLLM's default backend (xgrammar, strict) does: pydantic's schemas
+  # (LangChain's, instructor's) leave additionalProperties out, and SmolLM2 went on adding keys until max_tokens
+  schemas = {name: {"additionalProperties": False} | schema for name, schema in schemas.items()}
   call = " | ".join(json.dumps(f'{{"name": {json.dumps(name)}, "{key}": ') + f" %json {json.dumps(schema | {'x-guidance': ARGUMENTS_STYLE})} " + '"}"'
                     for name, schema in schemas.items())
   start = f'start: {tag("</think>")} "\\n\\n" ' if thinking else "start: "   # a reasoning turn the prompt opened ends at once
