@@ -3,9 +3,9 @@ chunks and one character at a time; prompts against transformers' apply_chat_tem
 in tests/data/llama3-tiktoken); forced tool-call grammars against llguidance on Llama 3's vocabulary; and the official openai client
 against live servers on a random-weight Qwen2 whose vocabulary holds Qwen's tags as tokens: a forced tool call always parses and validates
 (jsonschema is the judge), calls round-trip through tool messages, reasoning comes apart from content, bad requests are 400s by name."""
-import asyncio, contextlib, json, os, pathlib, shutil, subprocess, sys, tempfile, threading, time, zipfile
+import asyncio, contextlib, functools, json, operator, os, pathlib, shutil, subprocess, sys, tempfile, threading, time, typing, zipfile
 from concurrent.futures import ThreadPoolExecutor
-import jsonschema, openai, pytest, torch, transformers
+import jsonschema, openai, pydantic, pytest, torch, transformers
 from tinyvllm.chat import OutputParser, merge, request
 from tinyvllm.sampler import grammar_tokenizer
 from tinyvllm.sequence import CompletionOutput
@@ -432,3 +432,55 @@ def test_trained_model_calls_and_answers(smollm2):
   result = {"role": "tool", "tool_call_id": named.message.tool_calls[0].id, "content": "22 degrees and sunny"}
   final = smollm2.chat.completions.create(messages=weather + [named.message.model_dump(exclude_none=True), result], **kw).choices[0]
   assert not final.message.tool_calls and "22" in final.message.content
+
+def test_required_call_cut_by_max_tokens(smollm2):
+  """tool_choice required, cut off by max_tokens: finish_reason length with the calls that were finished, and never the cut one as content
+  (greedy SmolLM2 calls again after its first call, until max_tokens), streamed or not; a cut inside the first call leaves nothing."""
+  kw = dict(messages=[{"role": "user", "content": WEATHER_QUESTION}], tools=TOOLS, tool_choice="required", temperature=0)
+  whole = smollm2.chat.completions.create(model="tiny", max_tokens=60, **kw).choices[0]   # a call is ~37 tokens: the second is cut
+  assert whole.finish_reason == "length" and not whole.message.content and valid_calls(whole.message.tool_calls) == ["get_weather"]
+  finish, message, calls = streamed(smollm2, max_tokens=60, **kw)
+  assert finish == "length" and not message["content"] and [c.function.arguments for c in calls] == [c.function.arguments for c in whole.message.tool_calls]
+  cut = smollm2.chat.completions.create(model="tiny", max_tokens=20, **kw).choices[0]
+  assert cut.finish_reason == "length" and not cut.message.content and not cut.message.tool_calls
+
+# ---- real clients we did not write, on SmolLM2 (issue #54): LangChain's function calling and instructor's tools mode ----------------------
+
+WEATHER_QUESTION = "What is the weather like in Paris today?"
+
+class Weather(pydantic.BaseModel):   # as clients write them: pydantic's schema leaves additionalProperties out
+  """The weather in a city"""
+  city: str = pydantic.Field(max_length=12)
+  unit: typing.Literal["celsius", "fahrenheit"]
+
+def test_langchain_function_calling(smollm2):
+  """LangChain's with_structured_output(method="function_calling") and bind_tools(parallel_tool_calls=False) send parallel_tool_calls
+  false (a 400 before issue #54): the named call parses into the model; tool_choice required gives one call, streamed the same; auto
+  answers a question that needs no tool in plain content."""
+  langchain_openai = pytest.importorskip("langchain_openai", reason="pip install -e '.[test]' installs langchain-openai")
+  from langchain_core.tools import tool
+  @tool
+  def get_weather(city:str, unit:typing.Literal["celsius", "fahrenheit"]) -> str:
+    """The weather in a city"""
+  @tool
+  def get_time(zone:str) -> str:
+    """The time in a time zone"""
+  llm = langchain_openai.ChatOpenAI(model="tiny", base_url=str(smollm2.base_url), api_key="dummy", temperature=0, max_tokens=60, max_retries=0,
+                                    timeout=300)
+  assert llm.with_structured_output(Weather, method="function_calling").invoke(WEATHER_QUESTION) == Weather(city="Paris", unit="celsius")
+  required = llm.bind_tools([get_weather, get_time], tool_choice="required", parallel_tool_calls=False)
+  message = required.invoke(WEATHER_QUESTION)
+  assert message.response_metadata["finish_reason"] == "tool_calls"
+  assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+  streamed_message = functools.reduce(operator.add, required.stream(WEATHER_QUESTION))
+  assert [(c["name"], c["args"]) for c in streamed_message.tool_calls] == [(c["name"], c["args"]) for c in message.tool_calls]
+  answer = llm.bind_tools([get_weather, get_time], parallel_tool_calls=False).invoke("What is the capital of France?")
+  assert not answer.tool_calls and "Paris" in answer.content and answer.response_metadata["finish_reason"] == "stop"
+
+def test_instructor_tools_mode(smollm2):
+  """instructor's Mode.TOOLS: a named forced call, validated into the model."""
+  instructor = pytest.importorskip("instructor", reason="pip install -e '.[test]' installs instructor")
+  client = instructor.from_openai(smollm2, mode=instructor.Mode.TOOLS)
+  weather = client.chat.completions.create(model="tiny", response_model=Weather, messages=[{"role": "user", "content": WEATHER_QUESTION}],
+                                           temperature=0, max_tokens=60, max_retries=1)
+  assert isinstance(weather, Weather) and weather.model_dump() == {"city": "Paris", "unit": "celsius"}   # instructor adds a private _raw_response
