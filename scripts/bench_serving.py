@@ -84,7 +84,7 @@ def launch(args, server_args:list[str], url:str) -> tuple[subprocess.Popen, floa
   def echo():   # the server's log, passed through; its line for the last graph (or, eager, for no graph to capture) is what we wait for
     for line in proc.stdout:
       print(line, end="", flush=True)
-      if re.search(r"all \d+ step graphs captured| 0 more to capture", line): captured.set()
+      if re.search(r"all \d+ step graph units captured| 0 more to capture", line): captured.set()
   threading.Thread(target=echo, daemon=True).start()
   while time.perf_counter() - t < args.launch_timeout:   # start-up loads the model and captures the first graphs: a minute on a fresh GPU
     if proc.poll() is not None: sys.exit(f"server exited with code {proc.returncode} before it was ready")

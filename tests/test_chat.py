@@ -3,9 +3,9 @@ chunks and one character at a time; prompts against transformers' apply_chat_tem
 in tests/data/llama3-tiktoken); forced tool-call grammars against llguidance on Llama 3's vocabulary; and the official openai client
 against live servers on a random-weight Qwen2 whose vocabulary holds Qwen's tags as tokens: a forced tool call always parses and validates
 (jsonschema is the judge), calls round-trip through tool messages, reasoning comes apart from content, bad requests are 400s by name."""
-import asyncio, contextlib, json, os, pathlib, shutil, subprocess, sys, tempfile, threading, time, zipfile
+import asyncio, contextlib, functools, json, operator, os, pathlib, shutil, subprocess, sys, tempfile, threading, time, typing, zipfile
 from concurrent.futures import ThreadPoolExecutor
-import jsonschema, openai, pytest, torch, transformers
+import jsonschema, openai, pydantic, pytest, torch, transformers
 from tinyvllm.chat import OutputParser, merge, request
 from tinyvllm.sampler import grammar_tokenizer
 from tinyvllm.sequence import CompletionOutput
@@ -49,14 +49,14 @@ PARSES = [  # (output, tool format, template knows <think>, prompt opened <think
   (CALL, None, False, False, CALL, None, []),                                                        # tool_choice none: no tool parsing
 ]
 
-def parser_of(tool_format, reasoning, thinking): return OutputParser(tool_format, reasoning, thinking, 0)
+def parser_of(tool_format, reasoning, thinking, parallel=True): return OutputParser(tool_format, reasoning, thinking, parallel)
 
 def feed(parser, text, finish_reason=None) -> dict:   # a piece of output as the engine gives it: the streamed delta, {} for none
   return (parser.feed(CompletionOutput(0, text, [], finish_reason)) or {}).get("delta", {})
 
-def parse(text:str, cuts:list[int], tool_format, reasoning, thinking, finish_reason="stop"):
+def parse(text:str, cuts:list[int], tool_format, reasoning, thinking, finish_reason="stop", parallel=True):
   """OutputParser over `text` fed in pieces cut at `cuts`: its whole reply, and the merged deltas it streamed."""
-  parser, streamed, bounds = parser_of(tool_format, reasoning, thinking), {}, [0, *cuts, len(text)]
+  parser, streamed, bounds = parser_of(tool_format, reasoning, thinking, parallel), {}, [0, *cuts, len(text)]
   pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
   for k, piece in enumerate(pieces): merge(streamed, feed(parser, piece, finish_reason if k == len(pieces) - 1 else None))
   reply = parser.reply()
@@ -80,7 +80,27 @@ def test_parser_at_every_chunk_boundary(text, tool_format, reasoning, thinking, 
     reply, streamed = parse(text, cuts, tool_format, reasoning, thinking)
     assert summary(reply) == summary(whole) == summary(streamed), cuts
     assert [c["index"] for c in streamed.get("tool_calls", [])] == list(range(len(calls))) and all("index" not in c for c in reply.get("tool_calls", []))
-  assert summary(parse(text, [], tool_format, reasoning, thinking, "length")[0]) == summary(whole)   # max_tokens: the same split
+  if "<tool_call>" not in text.rpartition("</tool_call>")[2]:   # max_tokens: the same split, unless it cut a call off (below)
+    assert summary(parse(text, [], tool_format, reasoning, thinking, "length")[0]) == summary(whole)
+
+LIMITS = [  # (output, finish_reason, parallel_tool_calls) -> (content, calls)
+  (CALL2 + "\n" + '<tool_call>\n{"name": "get_weather", "argu', "length", True, None, [CLOCK_CALL]),  # max_tokens cut a call: dropped
+  ("Let me see.\n<tool_call>\n{", "length", True, "Let me see.\n", []),
+  (CALL2[:-3], "length", True, None, []),                              # even one whose JSON is whole: max_tokens cut its end tag
+  (CALL2[:-3], "stop", True, CALL2[:-3], []),                          # a stop that is not max_tokens: markup that does not parse, content
+  (CALL + "\n" + CALL2, "stop", False, None, [WEATHER_CALL]),          # parallel_tool_calls false: the first call only (vLLM)
+  ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", False, "Both.\n", [WEATHER_CALL]),
+  ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", True, "Both.\n\nand\n\nDone.", [WEATHER_CALL, CLOCK_CALL]),  # as before
+  (CALL + "\n" + CALL2 + "\n" + CALL[:20], "length", False, None, [WEATHER_CALL]),
+]
+
+@pytest.mark.parametrize("text,finish_reason,parallel,content,calls", LIMITS, ids=[f"{p[1]}-{p[2]}-{p[0][:20]}" for p in LIMITS])
+def test_parser_drops_cut_off_and_later_calls(text, finish_reason, parallel, content, calls):
+  """A call that max_tokens cut off before its end tag is never content; with parallel_tool_calls false, only the first call is kept
+  (and the content before it), as vLLM does. The same, streamed at every chunk boundary."""
+  for cuts in [[]] + [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]:
+    reply, streamed = parse(text, cuts, "hermes", False, False, finish_reason, parallel)
+    assert summary(reply) == summary(streamed) == (content, None, calls), cuts   # parse checks finish_reason
 
 def test_parser_holds_back_only_what_may_be_a_tag():
   parser = parser_of("hermes", True, False)
@@ -153,7 +173,7 @@ def test_prompt_matches_transformers(base, name, tool_format, kwargs):
     hf_ids = hf.apply_chat_template(hf_messages(CONVERSATION), tools=tools if choice != "none" else None, add_generation_prompt=True,
                                     return_dict=True, **kwargs)["input_ids"]
     assert prompt == list(hf_ids), (name, choice)
-    assert (parser(0).json is not None) == (tools is not None and choice != "none" and tool_format == "json")
+    assert (parser.json is not None) == (tools is not None and choice != "none" and tool_format == "json")
     assert (grammar is not None) == (choice == "required")
   text = hf.apply_chat_template(hf_messages(CONVERSATION), tools=TOOLS, add_generation_prompt=True, tokenize=False, **kwargs)
   assert "<tool_call>" in text if tool_format == "hermes" else '"parameters"' in text
@@ -166,7 +186,7 @@ def test_reasoning_state_follows_the_prompt(base):
            ("qwen2.5", {}, "content"), ("llama3.2", {}, "content")]   # undecided: a <think> may open the output
   for name, kwargs, mode in cases:
     tok = Tokenizer(str(folder(base.parent / name, TEMPLATES[name])))
-    assert request(tok, None, user | {"chat_template_kwargs": kwargs})[2](0).router.mode == mode, name
+    assert request(tok, None, user | {"chat_template_kwargs": kwargs})[2].router.mode == mode, name
   with pytest.raises(ValueError, match="neither") as e: request(tok := Tokenizer(str(base.parent / "deepseek-r1-distill-qwen")), None, user | {"tools": TOOLS})
   assert e.value.param == "tools"
   assert request(tok, None, user | {"tools": TOOLS, "tool_choice": "none"})[0] == request(tok, None, user)[0]   # none: no tools, no error
@@ -186,6 +206,27 @@ def test_llama3_forced_call_grammar_on_its_vocabulary(llama3_dir):
   assert not accepts('<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
   required = request(tok, gt, body | {"tool_choice": "required"})[1]["grammar"]
   assert "get_weather" in required and "get_time" in required and "<tool_call>" not in required
+
+def test_hermes_forced_call_grammar_may_end_after_a_newline(base):
+  """A forced Hermes call may end right after </tool_call> or after one newline there (a model that writes it before it ends is not
+  made to call again); a second call only while parallel_tool_calls is not false; no arguments beyond the schema's unless it allows them."""
+  from llguidance import LLMatcher
+  tok = Tokenizer(str(folder(base.parent / "qwen2.5", TEMPLATES["qwen2.5"])))
+  gt = grammar_tokenizer(tok, tok.hf.get_vocab_size())
+  def accepts(grammar, text):
+    matcher = LLMatcher(gt, grammar, log_level=0)
+    return all(matcher.consume_token(t) for t in tok.encode(text, add_special_tokens=False)) and matcher.is_accepting()
+  body = {"messages": USER, "tools": TOOLS, "tool_choice": "required"}
+  parallel, single = (request(tok, gt, body | extra)[1]["grammar"] for extra in ({}, {"parallel_tool_calls": False}))
+  for grammar in (parallel, single): assert accepts(grammar, CALL) and accepts(grammar, CALL + "\n") and not accepts(grammar, CALL + "\n\n")
+  assert accepts(parallel, CALL + "\n" + CALL2) and accepts(parallel, CALL + "\n" + CALL2 + "\n") and not accepts(single, CALL + "\n" + CALL2)
+  # a schema that leaves additionalProperties out (pydantic's, so LangChain's and instructor's) gets no other keys; one that allows them does
+  loose = [{"type": "function", "function": {"name": "get_time", "parameters": {k: v for k, v in CLOCK.items() if k != "additionalProperties"}}}]
+  extra = CALL2.replace('"CET"}', '"CET", "city": "Paris"}')
+  for allowed in (None, True):
+    tools = loose if allowed is None else [{"type": "function", "function": {"name": "get_time", "parameters": CLOCK | {"additionalProperties": True}}}]
+    grammar = request(tok, gt, body | {"tools": tools})[1]["grammar"]
+    assert accepts(grammar, CALL2) and accepts(grammar, extra) == bool(allowed)
 
 # ---- live servers: the official openai client against a random-weight Qwen2 ---------------------------------------------------------------
 
@@ -262,6 +303,10 @@ def test_forced_tool_calls_always_validate(qwen, choice):
     seen |= set(valid_calls(c.message.tool_calls, names))
     assert choice == "required" or len(c.message.tool_calls) == 1   # a named function is called once
   assert seen == names   # random weights at T=1 reach every tool
+  if choice == "required":   # parallel_tool_calls false: the grammar ends after one call
+    with ThreadPoolExecutor(4) as pool:
+      single = list(pool.map(lambda seed: qwen.chat.completions.create(seed=seed, parallel_tool_calls=False, **kw).choices[0], range(1, 5)))
+    assert all(c.finish_reason == "tool_calls" and len(valid_calls(c.message.tool_calls, names)) == 1 for c in single)
   for seed in (2, 3):
     kw = dict(messages=USER, tools=TOOLS, tool_choice=choice, temperature=1, seed=seed, max_tokens=600)
     finish, message, calls = streamed(qwen, **kw)
@@ -291,7 +336,7 @@ def test_tool_calls_round_trip(qwen, base):
 def test_auto_tool_calls_and_markup_through_the_engine(qwen):
   """tool_choice auto parses whatever the model writes. The engine is made (through a grammar) to write two calls and broken markup, the
   tags as Qwen's tokens (llguidance forces quoted text through the tokenizer, which would give those tokens anyway): the calls, and the
-  broken one as content; the newlines between calls are markup."""
+  broken one as content; the newlines between calls are markup. With parallel_tool_calls false, only the first call."""
   body = lambda call: json.dumps(call.removeprefix("<tool_call>").removesuffix("</tool_call>"))
   grammar = f'start: <tool_call> {body(CALL2)} </tool_call> "\\n" <tool_call> {body(CALL)} </tool_call> "\\n" <tool_call> "{{oops}}" </tool_call>'
   kw = dict(messages=USER, tools=TOOLS, max_tokens=200, extra_body={"structured_outputs": {"grammar": grammar}})
@@ -300,6 +345,11 @@ def test_auto_tool_calls_and_markup_through_the_engine(qwen):
   assert [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls] == [CLOCK_CALL, WEATHER_CALL]
   finish, message, calls = streamed(qwen, **kw)
   assert finish == "tool_calls" and message["content"] == whole.message.content and valid_calls(calls) == ["get_time", "get_weather"]
+  # parallel_tool_calls false: the first call, and nothing after it, streamed or not (vLLM drops the later calls)
+  first = qwen.chat.completions.create(model="tiny", parallel_tool_calls=False, **kw).choices[0]
+  assert first.finish_reason == "tool_calls" and first.message.content is None and valid_calls(first.message.tool_calls) == ["get_time"]
+  finish, message, calls = streamed(qwen, parallel_tool_calls=False, **kw)
+  assert finish == "tool_calls" and not message["content"] and valid_calls(calls) == ["get_time"]
 
 @pytest.mark.parametrize("body,param", [
   ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools"), ({"tools": [{"type": "code"}]}, "tools"),
@@ -373,7 +423,7 @@ def test_trained_model_calls_and_answers(smollm2):
   assert named.finish_reason == "tool_calls" and valid_calls(named.message.tool_calls) == ["get_weather"]
   assert json.loads(named.message.tool_calls[0].function.arguments)["city"] == "Paris"
   required = smollm2.chat.completions.create(messages=weather, tool_choice="required", **kw).choices[0]
-  assert valid_calls(required.message.tool_calls)[0] == "get_weather"   # it may go on calling until max_tokens: that part is content
+  assert valid_calls(required.message.tool_calls)[0] == "get_weather"   # it may go on calling until max_tokens (a cut call is dropped)
   capital = [{"role": "user", "content": "What is the capital of France?"}]
   answer = smollm2.chat.completions.create(messages=capital, **kw).choices[0]
   assert answer.finish_reason == "stop" and not answer.message.tool_calls and "Paris" in answer.message.content
@@ -382,3 +432,55 @@ def test_trained_model_calls_and_answers(smollm2):
   result = {"role": "tool", "tool_call_id": named.message.tool_calls[0].id, "content": "22 degrees and sunny"}
   final = smollm2.chat.completions.create(messages=weather + [named.message.model_dump(exclude_none=True), result], **kw).choices[0]
   assert not final.message.tool_calls and "22" in final.message.content
+
+def test_required_call_cut_by_max_tokens(smollm2):
+  """tool_choice required, cut off by max_tokens: finish_reason length with the calls that were finished, and never the cut one as content
+  (greedy SmolLM2 calls again after its first call, until max_tokens), streamed or not; a cut inside the first call leaves nothing."""
+  kw = dict(messages=[{"role": "user", "content": WEATHER_QUESTION}], tools=TOOLS, tool_choice="required", temperature=0)
+  whole = smollm2.chat.completions.create(model="tiny", max_tokens=60, **kw).choices[0]   # a call is ~37 tokens: the second is cut
+  assert whole.finish_reason == "length" and not whole.message.content and valid_calls(whole.message.tool_calls) == ["get_weather"]
+  finish, message, calls = streamed(smollm2, max_tokens=60, **kw)
+  assert finish == "length" and not message["content"] and [c.function.arguments for c in calls] == [c.function.arguments for c in whole.message.tool_calls]
+  cut = smollm2.chat.completions.create(model="tiny", max_tokens=20, **kw).choices[0]
+  assert cut.finish_reason == "length" and not cut.message.content and not cut.message.tool_calls
+
+# ---- real clients we did not write, on SmolLM2 (issue #54): LangChain's function calling and instructor's tools mode ----------------------
+
+WEATHER_QUESTION = "What is the weather like in Paris today?"
+
+class Weather(pydantic.BaseModel):   # as clients write them: pydantic's schema leaves additionalProperties out
+  """The weather in a city"""
+  city: str = pydantic.Field(max_length=12)
+  unit: typing.Literal["celsius", "fahrenheit"]
+
+def test_langchain_function_calling(smollm2):
+  """LangChain's with_structured_output(method="function_calling") and bind_tools(parallel_tool_calls=False) send parallel_tool_calls
+  false (a 400 before issue #54): the named call parses into the model; tool_choice required gives one call, streamed the same; auto
+  answers a question that needs no tool in plain content."""
+  langchain_openai = pytest.importorskip("langchain_openai", reason="pip install -e '.[test]' installs langchain-openai")
+  from langchain_core.tools import tool
+  @tool
+  def get_weather(city:str, unit:typing.Literal["celsius", "fahrenheit"]) -> str:
+    """The weather in a city"""
+  @tool
+  def get_time(zone:str) -> str:
+    """The time in a time zone"""
+  llm = langchain_openai.ChatOpenAI(model="tiny", base_url=str(smollm2.base_url), api_key="dummy", temperature=0, max_tokens=60, max_retries=0,
+                                    timeout=300)
+  assert llm.with_structured_output(Weather, method="function_calling").invoke(WEATHER_QUESTION) == Weather(city="Paris", unit="celsius")
+  required = llm.bind_tools([get_weather, get_time], tool_choice="required", parallel_tool_calls=False)
+  message = required.invoke(WEATHER_QUESTION)
+  assert message.response_metadata["finish_reason"] == "tool_calls"
+  assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+  streamed_message = functools.reduce(operator.add, required.stream(WEATHER_QUESTION))
+  assert [(c["name"], c["args"]) for c in streamed_message.tool_calls] == [(c["name"], c["args"]) for c in message.tool_calls]
+  answer = llm.bind_tools([get_weather, get_time], parallel_tool_calls=False).invoke("What is the capital of France?")
+  assert not answer.tool_calls and "Paris" in answer.content and answer.response_metadata["finish_reason"] == "stop"
+
+def test_instructor_tools_mode(smollm2):
+  """instructor's Mode.TOOLS: a named forced call, validated into the model."""
+  instructor = pytest.importorskip("instructor", reason="pip install -e '.[test]' installs instructor")
+  client = instructor.from_openai(smollm2, mode=instructor.Mode.TOOLS)
+  weather = client.chat.completions.create(model="tiny", response_model=Weather, messages=[{"role": "user", "content": WEATHER_QUESTION}],
+                                           temperature=0, max_tokens=60, max_retries=1)
+  assert isinstance(weather, Weather) and weather.model_dump() == {"city": "Paris", "unit": "celsius"}   # instructor adds a private _raw_response

@@ -462,7 +462,7 @@ def test_disconnects_leave_no_traceback(srv, caplog):
   assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info], caplog.text
 
 UNSUPPORTED = {  # OpenAI's and vLLM's fields that tinyvllm does not implement yet, each with a value that would change the output
-  "parallel_tool_calls": False, "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
+  "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
   "logit_bias": {"5": 10}, "min_tokens": 3, "functions": [{"name": "f"}], "function_call": {"name": "f"},
   "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"], "prediction": {"type": "content", "content": "x"},
   "reasoning_effort": "high", "web_search_options": {}, "service_tier": "flex", "store": True, "metadata": {"k": "v"}, "best_of": 2,
@@ -484,8 +484,10 @@ def test_every_field_is_honoured_or_rejected(srv, caplog):
     r = post(srv, {**base, field: value})
     assert_error(r, 400, field)
     assert field in r.json()["error"]["message"]
+  assert_error(post(srv, {**base, "parallel_tool_calls": "false"}), 400, "parallel_tool_calls")   # honoured, and a boolean
   reference = post(srv, {**base, "temperature": 0}).json()["choices"][0]["message"]["content"]
-  for extra in (NO_OPS, dict.fromkeys(UNSUPPORTED)):   # defaults, and null for everything
+  # defaults, null for everything, and parallel_tool_calls false without tools
+  for extra in (NO_OPS, dict.fromkeys(UNSUPPORTED), {"parallel_tool_calls": False}):
     r = post(srv, {**base, "temperature": 0, **extra})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == reference, r.text
   with caplog.at_level(logging.WARNING, logger="tinyvllm.serve"):

@@ -60,35 +60,42 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   # DeepSeek-R1's form: the template opens <think> in the prompt, so the output starts inside the reasoning
   thinking = "<think>" in template and tokenizer.hf.decode(prompt[-8:], skip_special_tokens=False).rstrip().endswith("<think>")
   forced, structured = {named: schemas[named]} if named else schemas if choice == "required" else None, body.get("structured_outputs")
+  # parallel_tool_calls false: at most one call, as vLLM does (the parser drops later ones; a forced call's grammar ends after one)
+  parallel = body.get("parallel_tool_calls") is not False
   kind = (fmt := body.get("response_format") or {"type": "text"}).get("type")
   if kind not in ("text", "json_object", "json_schema"): raise ParamError("response_format", "type must be text, json_object or json_schema")
   if forced and (structured or kind != "text"): raise ParamError("tool_choice", "cannot force a tool call and a response format at once")
   try:   # OpenAI's response_format as vLLM's structured outputs
     if kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
-    if forced: structured = {"grammar": tool_grammar(tokenizer, tool_format, forced, thinking, parallel=not named)}
+    if forced: structured = {"grammar": tool_grammar(tokenizer, tool_format, forced, thinking, parallel=parallel and not named)}
     if structured: compile_grammar(structured, grammar_tokenizer)
   except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
     raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
-  return prompt, structured, OutputParser(calls and tool_format, "<think>" in template, thinking)
+  return prompt, structured, OutputParser(calls and tool_format, "<think>" in template, thinking, parallel)
 
 def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:bool, parallel:bool) -> str:
   """Lark for llguidance that admits only calls of these functions in the template's markup (one, or several if parallel); %json embeds
   each one's parameters schema. Tags that are tokens of the vocabulary are written bare, so that they match those tokens."""
   tag, key = lambda text: text if text in tokenizer.specials else json.dumps(text), "arguments" if tool_format == "hermes" else "parameters"
+  # no properties beyond a tool's own unless its schema allows them, as vLLM's default backend (xgrammar, strict) does: pydantic's schemas
+  # (LangChain's, instructor's) leave additionalProperties out, and SmolLM2 went on adding keys until max_tokens
+  schemas = {name: {"additionalProperties": False} | schema for name, schema in schemas.items()}
   call = " | ".join(json.dumps(f'{{"name": {json.dumps(name)}, "{key}": ') + f" %json {json.dumps(schema | {'x-guidance': ARGUMENTS_STYLE})} " + '"}"'
                     for name, schema in schemas.items())
   start = f'start: {tag("</think>")} "\\n\\n" ' if thinking else "start: "   # a reasoning turn the prompt opened ends at once
   if tool_format == "json": return f"{start}({call})"   # Llama 3 templates take one call per turn
-  # one call, or several a line apart
-  return start + 'tool_call' + ' ("\\n" tool_call)*' * parallel + f'\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")}'
+  # one call, or several; each may end its line: the turn may end after that newline too, not only right after </tool_call>, so a model
+  # that writes a newline before it ends is not made to call again
+  return start + 'tool_call' + '+' * parallel + f'\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")} "\\n"?'
 
 class OutputParser:
   """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning_content, content and tool_calls. StreamRouter
   holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice ends: markup that does
-  not parse is content. Llama 3's JSON form is a whole output that parses as one call (its <|python_tag|> is a special token, so never in
-  the text)."""
-  def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool):
+  not parse is content, but for a call max_tokens cut off, which is dropped. Llama 3's JSON form is a whole output that parses as one
+  call (its <|python_tag|> is a special token, so never in the text)."""
+  def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, parallel:bool=True):
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
+    self.parallel = parallel   # false: the text before the first call and that call, no more (vLLM drops the later calls)
     if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
     self.calls, self.finish_reason, self.stop_reason = 0, None, None
     self.message = {"role": "assistant", "content": ""}
@@ -103,7 +110,10 @@ class OutputParser:
         if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
         text, self.json = "" if call else self.json, None
     for field, value in self.router.route(text, final): merge(delta, {field: value})
-    for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S):   # the calls, at the end
+    # a call that max_tokens cut off (no end tag) is dropped, never content, as vLLM does
+    if out.finish_reason == "length": self.router.buf = re.sub(r"<tool_call>(?!.*</tool_call>).*", "", self.router.buf, flags=re.S)
+    # the calls, at the end
+    for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S)[:None if self.parallel else 2]:
       call = part.startswith("<tool_call>") and self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))
       # markup that does not parse is content; whitespace between calls is markup
       merge(delta, {"tool_calls": [call]} if call else {"content": part} if part.strip() or not self.tool_format else {})

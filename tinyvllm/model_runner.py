@@ -108,7 +108,9 @@ class ModelRunner:
     while self.pending and self.pending[0] in first: self.capture_next()
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.cache_key} ready", STORED_CACHES)
     self.stored = None
-    log.info("ready after %.1f s: %d step graphs captured, %d more to capture", time.perf_counter() - start, len(self.graphs), len(self.pending))
+    # counted in units (a token bucket with one sampler variant), as pending is, not in graphs: units share sampler graphs, so the two
+    # counts did not add up. A bucket is in once both its units are; eager runs have every bucket in and none to capture
+    log.info("ready after %.1f s: %d step graph units in, %d more to capture", time.perf_counter() - start, 2 * len(self.buckets), len(self.pending))
 
   def pick_dtype(self, hf_config:dict):
     """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
@@ -216,7 +218,7 @@ class ModelRunner:
     if unit[1]: self.buckets = sorted({*self.buckets, unit[0]})
     if len(self.pending) > 1: return self.pending.pop(0)
     # how many kernels they lowered and compiled says whether cache.db held them
-    log.info("all %d step graphs captured: %d kernels lowered after the first ones", len(self.graphs), len(STORED_CACHES[1]) - self.stored[1])
+    log.info("all %d step graph units captured: %d kernels lowered since ready", 2 * len(self.buckets), len(STORED_CACHES[1]) - self.stored[1])
     # written back only if this start-up added to them: pickling ~40 MB takes seconds
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", self.cache_key, STORED_CACHES)
     return self.pending.pop(0)

@@ -16,13 +16,13 @@ MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
 HONOURED = {field: kinds for kinds, fields in [((str,), "model user safety_identifier prompt_cache_key"), ((str, list), "stop"),
   ((int,), "max_tokens max_completion_tokens top_k seed n"), ((int, float), "temperature top_p min_p"), ((str, dict), "tool_choice"),
-  ((bool,), "stream ignore_eos include_stop_str_in_output"), ((list,), "messages stop_token_ids tools"),
+  ((bool,), "stream ignore_eos include_stop_str_in_output parallel_tool_calls"), ((list,), "messages stop_token_ids tools"),
   ((dict,), "stream_options response_format structured_outputs chat_template_kwargs")] for field in fields.split()}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
 # other value is a 400 naming the field (the penalties, logit_bias and min_tokens are the next ones to honour, issue #27 item 4). logprobs
 # and top_logprobs went to pay for tensor parallelism (README, "Not supported, and why"), as did n > 1 (SamplingParams refuses it)
 NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message logprobs"),
-  ([1], "repetition_penalty best_of"), ([True], "parallel_tool_calls add_generation_prompt skip_special_tokens"),
+  ([1], "repetition_penalty best_of"), ([True], "add_generation_prompt skip_special_tokens"),
   ([0], "presence_penalty frequency_penalty min_tokens top_logprobs"),
   ([[]], "functions bad_words"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
   ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template "
