@@ -1,5 +1,5 @@
 """OpenAI-compatible HTTP server (`python -m tinyvllm.serve`): one AsyncLLM behind a small Starlette app, shaped like vLLM's api_server."""
-import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, time, typing, uuid, uvicorn
+import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, signal, time, typing, uuid, uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Metric, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -168,6 +168,10 @@ def main():
   # the engine loads the model and captures its graphs before we listen, so the first request pays no JIT cost
   llm = AsyncLLM(Config(**{k: v for k, v in vars(args).items() if k in Config.__dataclass_fields__ and v is not None}))
   log.info("ready on http://%s:%d", args.host, args.port)
+  # after its graceful shutdown uvicorn re-raises the signal it handled: SIGTERM's default handler killed the process before any exit
+  # handler ran (exit 143, and tinygrad's compile worker pool leaked its 6 semaphores, which Python's resource tracker reported). Handled
+  # as Ctrl-C, it ends in a KeyboardInterrupt like Ctrl-C's
+  signal.signal(signal.SIGTERM, signal.default_int_handler)
   with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled; the shutdown was clean, so exit 0
     uvicorn.run(build_app(llm, args.served_model_name, args.api_key), host=args.host, port=args.port, timeout_graceful_shutdown=5)
 
