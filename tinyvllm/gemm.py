@@ -129,7 +129,7 @@ def empty(shape:tuple[int, ...], dtype, device, axis:int|None=None) -> Tensor:
 
 def all_reduce(x:Tensor) -> Tensor:
   """x (tp*M, N) split on axis 0, each device's shard its partial sum (a row-parallel matmul's) -> their sum (M, N) on every device."""
-  return x.reshape(len(x.device), -1, x.shape[1]).sum(0) if isinstance(x.device, tuple) else x
+  return x.reshape(len(x.device), -1, x.shape[1]).sum(0)
 
 def hopper(device) -> bool:
   """A GPU the wgmma kernel runs on: sm_90 under CUDA (tinygrad's NV backend does not run Hopper); SM90A_GEMM=0: none."""
