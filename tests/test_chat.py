@@ -169,12 +169,12 @@ def test_prompt_matches_transformers(base, name, tool_format, kwargs):
   tok, hf = Tokenizer(str(path)), transformers.AutoTokenizer.from_pretrained(str(path))
   for tools, choice in ((TOOLS, "auto"), (TOOLS, "required"), (TOOLS, "none"), (None, None)):
     body = {"messages": CONVERSATION, "tools": tools, "tool_choice": choice, "chat_template_kwargs": kwargs}
-    prompt, grammar, parser = request(tok, grammar_tokenizer(tok, tok.hf.get_vocab_size()), body)
+    prompt, grammar, parser, matcher = request(tok, grammar_tokenizer(tok, tok.hf.get_vocab_size()), body)
     hf_ids = hf.apply_chat_template(hf_messages(CONVERSATION), tools=tools if choice != "none" else None, add_generation_prompt=True,
                                     return_dict=True, **kwargs)["input_ids"]
     assert prompt == list(hf_ids), (name, choice)
     assert (parser.json is not None) == (tools is not None and choice != "none" and tool_format == "json")
-    assert (grammar is not None) == (choice == "required")
+    assert (grammar is not None) == (choice == "required") == (matcher is not None)   # compiled here, for the engine to take as it is
   text = hf.apply_chat_template(hf_messages(CONVERSATION), tools=TOOLS, add_generation_prompt=True, tokenize=False, **kwargs)
   assert "<tool_call>" in text if tool_format == "hermes" else '"parameters"' in text
 

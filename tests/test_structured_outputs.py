@@ -1,6 +1,7 @@
 """Structured outputs through llguidance grammars, on a random-weight Llama with Llama 3's 128k vocabulary: whatever the random logits
 prefer, every finished output parses and validates (jsonschema is the independent judge); rows without a grammar sample as before."""
-import json, jsonschema, pytest
+import json, jsonschema, pytest, llguidance
+import tinyvllm.llm_engine, tinyvllm.sampler
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.sequence import ParamError
 
@@ -13,6 +14,35 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
 @pytest.fixture(scope="module")
 def llm(llama3_random):   # a random Llama of Llama 3's vocabulary and tokenizer.json (conftest.py)
   return LLM(str(llama3_random), max_num_seqs=64, max_num_batched_tokens=64, max_model_len=1024)
+
+class CountingMatcher:
+  """llguidance's LLMatcher as tinyvllm's modules see it, counting each compile of a grammar against the tokenizer: a matcher made, or
+  validate_grammar (which compiles it too, and throws the result away)."""
+  def __init__(self): self.compiles = 0
+  def __call__(self, *args, **kwargs):
+    self.compiles += 1
+    return llguidance.LLMatcher(*args, **kwargs)
+  def validate_grammar(self, *args, **kwargs):
+    self.compiles += 1
+    return llguidance.LLMatcher.validate_grammar(*args, **kwargs)
+  def __getattr__(self, name): return getattr(llguidance.LLMatcher, name)   # grammar_from_json_schema, ...
+
+@pytest.fixture
+def counting(monkeypatch):
+  counter = CountingMatcher()
+  for module in (tinyvllm.sampler, tinyvllm.llm_engine): monkeypatch.setattr(module, "LLMatcher", counter)
+  return counter
+
+def test_grammar_compiled_once_per_request_offline(llm, counting):
+  """Each structured request's grammar is compiled once (issue #55): LLM.generate checks every request before it queues any, and the
+  matcher that check compiled is the one the sequence follows. A bad grammar is one compile too, and queues nothing."""
+  outs = llm.generate(["A person as JSON."] * 3, SamplingParams(max_tokens=64, structured_outputs={"json": SCHEMA}), use_tqdm=False)
+  assert len(outs) == 3 and counting.compiles == 3
+  with pytest.raises(ParamError, match="Invalid type"):
+    llm.generate(["x", "y"], [SamplingParams(structured_outputs={"regex": "[ab]+"}), SamplingParams(structured_outputs={"json": {"type": "strin"}})],
+                 use_tqdm=False)
+  assert counting.compiles == 5 and not llm.engine.has_unfinished()
+  assert llm.generate("x", SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0].token_ids and counting.compiles == 5
 
 def test_json_schema_outputs_always_validate(llm):
   params = SamplingParams(temperature=1.0, max_tokens=400, structured_outputs={"json": SCHEMA})
@@ -53,9 +83,9 @@ def test_bundled_vocabulary_takes_grammars():   # stories260K's tokenizer.json, 
   for out in llm.generate(["Once upon a time"] * 16, params, use_tqdm=False):
     jsonschema.validate(json.loads(out.outputs[0].text), schema)
 
-def test_response_format_through_the_openai_client(llm):
+def test_response_format_through_the_openai_client(llm, counting):
   """The official client against a live server on this vocabulary: json_schema output validates, json_object output is JSON, and a
-  schema llguidance rejects is a 400 naming response_format."""
+  schema llguidance rejects is a 400 naming response_format. Each one's grammar is compiled once: chat.py's matcher is the engine's."""
   import asyncio, threading, openai, uvicorn
   from tinyvllm import Config
   from tinyvllm.llm_engine import AsyncLLM
@@ -71,14 +101,20 @@ def test_response_format_through_the_openai_client(llm):
     messages = [{"role": "user", "content": "A person as JSON"}]
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
     r = client.chat.completions.create(model="tiny", messages=messages, response_format=fmt, max_tokens=300, seed=4)
-    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].finish_reason == "stop" and counting.compiles == 1
     jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    stream = client.chat.completions.create(model="tiny", messages=messages, response_format=fmt, max_tokens=300, seed=5, stream=True)
+    jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in stream if c.choices)), SCHEMA)
+    assert counting.compiles == 2
     r = client.chat.completions.create(model="tiny", messages=messages, response_format={"type": "json_object"}, max_tokens=8)
-    assert r.choices[0].message.content.startswith("{")
+    assert r.choices[0].message.content.startswith("{") and counting.compiles == 3
     with pytest.raises(openai.BadRequestError, match="Invalid type") as e:
       client.chat.completions.create(model="tiny", messages=messages, response_format={"type": "json_schema", "json_schema": {
         "name": "bad", "schema": {"type": "strin"}}})
-    assert e.value.body["param"] == "response_format"
+    assert e.value.body["param"] == "response_format" and counting.compiles == 4
+    # the refused request left the engine as it was: the next one is served
+    r = client.chat.completions.create(model="tiny", messages=messages, response_format={"type": "json_object"}, max_tokens=8)
+    assert r.choices[0].message.content.startswith("{") and counting.compiles == 5
   finally:
     server.should_exit = True
     thread.join(10)

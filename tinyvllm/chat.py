@@ -5,7 +5,7 @@ parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
 
 The chat template says what the model was taught: Hermes <tool_call> tags (Qwen, Hermes) or Llama 3.x's bare JSON calls, and whether it
 reasons inside <think> tags (Qwen3, DeepSeek-R1 distills). Only templates that mention them get tools or reasoning."""
-import contextlib, copy, json, re, uuid, jinja2
+import contextlib, copy, json, re, uuid, jinja2, llguidance
 from tinygrad.llm.serve import StreamRouter, normalize_messages, parse_tool_call
 from tinyvllm.sampler import compile_grammar
 from tinyvllm.sequence import ParamError
@@ -35,10 +35,11 @@ def checked_messages(messages) -> list[dict]:
       if all(call(c) for m in messages for c in m.get("tool_calls") or []): return [m | {"content": m.get("content") or ""} for m in messages]
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
 
-def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, "OutputParser"]:
+def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | None, "OutputParser", llguidance.LLMatcher | None]:
   """The prompt (tools reach the template as transformers passes them; tool_choice "none" passes none); what the sampler must produce:
-  response_format, vLLM's structured_outputs, or a forced tool call (tool_choice "required" or a named function, as vLLM does), compiled
-  here so that a bad one is a 400 before any stream; and the OutputParser of its one choice."""
+  response_format, vLLM's structured_outputs, or a forced tool call (tool_choice "required" or a named function, as vLLM does); the
+  OutputParser of its one choice; and that output's grammar, compiled here, once (the engine takes this matcher as it is), so that a bad
+  one is a 400 before any stream and the compile runs off the engine thread."""
   tool_format = "hermes" if "<tool_call>" in (template := tokenizer.chat_template_text) else "json" if '"parameters"' in template else None
   tools, choice, template_kwargs = body.get("tools") or [], body.get("tool_choice") or "auto", body.get("chat_template_kwargs") or {}
   try: schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools if t["type"] == "function"}
@@ -68,10 +69,10 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   try:   # OpenAI's response_format as vLLM's structured outputs
     if kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
     if forced: structured = {"grammar": tool_grammar(tokenizer, tool_format, forced, thinking, parallel=parallel and not named)}
-    if structured: compile_grammar(structured, grammar_tokenizer)
+    matcher = structured and compile_grammar(structured, grammar_tokenizer)
   except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
     raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
-  return prompt, structured, OutputParser(calls and tool_format, "<think>" in template, thinking, parallel)
+  return prompt, structured, OutputParser(calls and tool_format, "<think>" in template, thinking, parallel), matcher
 
 def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:bool, parallel:bool) -> str:
   """Lark for llguidance that admits only calls of these functions in the template's markup (one, or several if parallel); %json embeds

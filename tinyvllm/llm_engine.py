@@ -39,24 +39,25 @@ class LLMEngine:
     # get (sampled), still on the GPU
     self.requests, self.in_flight, self.grammar_tokenizer = {}, ([], None), grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
 
-  def check(self, prompt:str|list[int]|dict, params:SamplingParams) -> tuple[list[int], str | None]:
+  def check(self, prompt:str|list[int]|dict, params:SamplingParams, matcher=None) -> tuple[list[int], LLMatcher | None]:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
-    and its grammar compiled: a bad request raises ValueError before anything of it is queued."""
+    and its grammar compiled into its matcher, unless the caller compiled it already (matcher: chat.py's for the server, off the engine
+    thread; LLM.generate's first check): once per request. A bad request raises ValueError before anything of it is queued."""
     if isinstance(prompt, dict): prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt.get("prompt")
     ids, vocab_size = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt, self.runner.hf_config["vocab_size"]
     if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab_size for t in ids):
       raise ValueError(f"a prompt is a string, a list of token ids in [0, {vocab_size}), {{'prompt': str}} or {{'prompt_token_ids': [int, ...]}}")
     if not 0 < len(ids) < self.config.max_model_len:
       raise ValueError(f"prompt has {len(ids)} tokens; it must have between 1 and {self.config.max_model_len - 1} (max_model_len)")
-    return ids, params.structured_outputs and compile_grammar(params.structured_outputs, self.grammar_tokenizer)
+    return ids, matcher or params.structured_outputs and compile_grammar(params.structured_outputs, self.grammar_tokenizer)
 
-  def add_request(self, prompt:str|list[int]|dict, params:SamplingParams, request_id:str|None=None) -> str:
-    ids, grammar = self.check(prompt, params)
+  def add_request(self, prompt:str|list[int]|dict, params:SamplingParams, request_id:str|None=None, matcher=None) -> str:
+    ids, matcher = self.check(prompt, params, matcher)
     if (request_id := request_id or uuid.uuid4().hex) in self.requests: raise ValueError(f"request id {request_id!r} is already running")
     # the step buffer carries 31 bits of the seed
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31)
     seq = Sequence(request_id, ids, params, seed & 0x7fffffff)
-    seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), grammar and LLMatcher(self.grammar_tokenizer, grammar)
+    seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), matcher
     self.requests[request_id] = seq; self.scheduler.waiting.append(seq); return request_id
 
   def abort(self, request_id:str):
@@ -102,9 +103,10 @@ class LLM:
     prompts = [prompts] if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)) else list(prompts)
     params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
     if len(params) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-    # each request queued (all of them checked before any is), with an empty output per sequence that its deltas are added to
-    results = {(rid := self.engine.add_request(ids, sp)): RequestOutput(rid, ids, [CompletionOutput(0, "", [])])
-               for ids, sp in zip([self.engine.check(prompt, sp)[0] for prompt, sp in zip(prompts, params)], params)}
+    # each request queued (all of them checked, and their grammars compiled, before any is), with an empty output per sequence that its
+    # deltas are added to
+    results = {(rid := self.engine.add_request(ids, sp, matcher=matcher)): RequestOutput(rid, ids, [CompletionOutput(0, "", [])])
+               for (ids, matcher), sp in zip([self.engine.check(prompt, sp) for prompt, sp in zip(prompts, params)], params)}
     bar, start, num_tokens = tinygrad.helpers.tqdm(total=len(results), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
     try:
       while self.engine.has_unfinished():
@@ -128,8 +130,9 @@ class AsyncLLM:
   """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop.
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
-    # work: set when the engine thread has something to do; inbox: (request id, prompt token ids, params) for a new request, (request
-    # id, None, None) for an abort; queues: request id -> (the event loop of its caller, the queue its outputs go to)
+    # work: set when the engine thread has something to do; inbox: (request id, prompt token ids, params, its compiled grammar or None)
+    # for a new request, (request id, None, None, None) for an abort; queues: request id -> (the event loop of its caller, the queue its
+    # outputs go to)
     self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped.
@@ -151,9 +154,9 @@ class AsyncLLM:
       # outs: (request id, its output or its error), delivered after the step
       outs: list[tuple[str, RequestOutput | Exception]] = []
       while not self.inbox.empty():
-        request_id, prompt, params = self.inbox.get()
+        request_id, prompt, params, matcher = self.inbox.get()
         # a new request (params) or an abort (none); a request the engine refuses fails alone
-        try: self.engine.add_request(prompt, params, request_id) if params else self.engine.abort(request_id)
+        try: self.engine.add_request(prompt, params, request_id, matcher) if params else self.engine.abort(request_id)
         except Exception as e: outs.append((request_id, e))
       # busy, with more sequences than the largest bucket captured holds: a capture's pause between steps, the wider buckets first (two
       # pauses buy a wider bucket: its plain sampler, then its filtered one)
@@ -173,9 +176,9 @@ class AsyncLLM:
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()
       for request_id, out in outs: (q := self.queues.get(request_id)) and q[0].call_soon_threadsafe(q[1].put_nowait, out)
 
-  async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str):
+  async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str, matcher:LLMatcher|None=None):
     self.queues[request_id], finished = (asyncio.get_running_loop(), q := asyncio.Queue()), False
-    self.inbox.put((request_id, prompt_token_ids, params)); self.work.set()
+    self.inbox.put((request_id, prompt_token_ids, params, matcher)); self.work.set()
     try:
       while not finished:
         if isinstance(out := await q.get(), Exception): raise out
@@ -185,4 +188,4 @@ class AsyncLLM:
       self.queues.pop(request_id, None)
       if not finished: self.abort(request_id)
 
-  def abort(self, request_id:str): self.inbox.put((request_id, None, None)); self.work.set()
+  def abort(self, request_id:str): self.inbox.put((request_id, None, None, None)); self.work.set()

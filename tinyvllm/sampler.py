@@ -19,15 +19,17 @@ def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
   at 128k tokens one of the largest parts of a warm start (BENCHMARKS.md, issue #40)."""
   return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))
 
-def compile_grammar(structured_outputs:dict, ll_tokenizer:llguidance.LLTokenizer) -> str:
-  """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} as a grammar checked against
-  llguidance's tokenizer (grammar_tokenizer's)."""
+def compile_grammar(structured_outputs:dict, ll_tokenizer:llguidance.LLTokenizer) -> LLMatcher:
+  """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} compiled against llguidance's
+  tokenizer (grammar_tokenizer's) into the matcher that follows one request's output. Once per request, by the side that checks it
+  (chat.py for the server, off the engine thread; LLMEngine.check offline): the compile is the costly part, and it is the check."""
   if not isinstance(structured_outputs, dict) or len(structured_outputs) != 1 or next(iter(structured_outputs)) not in GRAMMARS:
     raise ParamError("structured_outputs", f"takes one of {sorted(GRAMMARS)}")
   try: grammar = GRAMMARS[kind := next(iter(structured_outputs))](structured_outputs[kind])
   except (ValueError, TypeError) as e: raise ParamError("structured_outputs", f"{kind} is not valid: {e}") from None
-  if error := LLMatcher.validate_grammar(grammar, ll_tokenizer): raise ParamError("structured_outputs", error)
-  return grammar
+  # a matcher never raises for its grammar: a bad one leaves it in an error state that says why
+  if (matcher := LLMatcher(ll_tokenizer, grammar)).is_error(): raise ParamError("structured_outputs", matcher.get_error())
+  return matcher
 
 def hash_uniform(seeds:Tensor, positions:Tensor, vocab_size:int) -> Tensor:
   """(R, V) uniforms in (0, 1) that are a pure function of (request seed, output position, token id): a counter-based RNG, so a seeded

@@ -63,7 +63,8 @@ class OpenAIServer:
     # as vLLM does
     if unknown := sorted(body.keys() - HONOURED.keys() - NOT_YET.keys()): log.warning("Unknown fields ignored: %s", unknown[:20])
     if body.get("model") not in (None, self.model): raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
-    prompt, structured, parser = chat_request(self.llm.engine.tokenizer, self.llm.engine.grammar_tokenizer, body)   # chat.py: messages, tools, ...
+    # chat.py: messages, tools, the structured output and its compiled grammar, ...
+    prompt, structured, parser, matcher = chat_request(self.llm.engine.tokenizer, self.llm.engine.grammar_tokenizer, body)
     max_tokens_field, context = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None), self.config.max_model_len
     # the sampling fields we honour pass under their own names (vLLM's, as SamplingParams has them) but for these two, resolved from OpenAI's
     # fields: max_tokens (by default the rest of the context), the structured output chat.py made
@@ -73,7 +74,7 @@ class OpenAIServer:
     except ParamError as e: raise APIError(str(e), param=max_tokens_field if e.param == "max_tokens" else e.param)
     if (total := len(prompt) + params.max_tokens) > context: raise APIError(f"This model's maximum context length is {context} tokens. "
                    f"However, you requested {total} tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
-    return prompt, params, body, parser
+    return prompt, params, body, parser, matcher
 
   async def chat(self, request):
     # the request itself first: its key, the engine's health, and a JSON body of at most MAX_BODY bytes
@@ -85,7 +86,7 @@ class OpenAIServer:
     async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
       if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
-    prompt, params, body, parser = await asyncio.to_thread(self.parse, raw)
+    prompt, params, body, parser, matcher = await asyncio.to_thread(self.parse, raw)
     # vLLM's /v1/chat/completions/render: the prompt's token ids alone, what vllm-router's cache_aware policy routes by (issue #56)
     if request.url.path.endswith("/render"): return JSONResponse({"token_ids": prompt})
     request_id, num_tokens = f"chatcmpl-{uuid.uuid4().hex}", [0]   # completion tokens so far (a list, so choices() can add to it)
@@ -93,7 +94,7 @@ class OpenAIServer:
     usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": num_tokens[0], "total_tokens": len(prompt) + num_tokens[0]}
     async def choices():   # one path for both responses: each engine output as its choice's delta, through chat.py's parser
       try:
-        async with contextlib.aclosing(self.llm.generate(prompt, params, request_id)) as outputs:
+        async with contextlib.aclosing(self.llm.generate(prompt, params, request_id, matcher)) as outputs:
           async for out in outputs:
             num_tokens[0] += len(out.outputs[0].token_ids)
             # None while the choice has nothing to say: text can lag tokens (partial UTF-8, held-back stop strings and tags)
