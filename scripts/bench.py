@@ -128,10 +128,9 @@ def latency(args, llm, name, dev, bw, rate):
   print(f"decode batch 1 ({prompt}-token prompt, {out} tokens): {dec:.1f} tok/s, roofline {dec_roof:.1f} tok/s ({dec / dec_roof:.1%})")
   # the GPU's side of it: the 1-token step's graphs (model and sampler, an empty batch) replayed back to back. The engine's decode rate
   # moved by several percent from one process to the next where this stayed within 0.3% (BENCHMARKS.md, "the padding tiles skipped")
-  # one device's copy of the tokens (tensor parallel): a multi-device tensor would come to the host through tinygrad's CPU device
-  runner.prepare([], 1)[0]().to(runner.devices[0]).tolist(); Device[Device.DEFAULT].synchronize(); t = time.perf_counter()
+  runner.prepare([], 1)[0]().tolist(); Device[Device.DEFAULT].synchronize(); t = time.perf_counter()
   for _ in range(200): last = runner.prepare([], 1)[0]()
-  last.to(runner.devices[0]).tolist(); print(f"decode step graphs replayed (1-token bucket, 200 times): {(time.perf_counter() - t) / 200 * 1e3:.3f} ms a step")
+  last.tolist(); print(f"decode step graphs replayed (1-token bucket, 200 times): {(time.perf_counter() - t) / 200 * 1e3:.3f} ms a step")
   print(f"TTFT {T}-token prompt: {ttft * 1e3:.1f} ms median of 5, roofline {ttft_roof * 1e3:.2f} ms ({ttft_roof / ttft:.1%})")
   print(f"SUMMARY | {name} | {dev} | decode batch 1 | {dec:.1f} tok/s | roofline {dec_roof:.0f} tok/s at {bw / 1e9:.0f} GB/s copy | "
         f"{dec / dec_roof:.1%} |")

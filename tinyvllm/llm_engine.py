@@ -73,8 +73,7 @@ class LLMEngine:
     batch, (sampling, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, next_sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
-      # tensor parallel: every device holds the tokens, one device's copy is read
-      kept = self.scheduler.receive(sampling, sampled.to(self.runner.devices[0]).numpy()[:len(sampling)] if sampling else [])
+      kept = self.scheduler.receive(sampling, sampled.numpy()[:len(sampling)] if sampling else [])
       self.in_flight = (next_sampling, launch())
       # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished), then the launched
       # step's tokens count as computed (advance skips the sequences those checks just finished)
@@ -169,7 +168,7 @@ class AsyncLLM:
         log.exception("engine step failed"); failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
         for request_id in failed: self.engine.abort(request_id); outs.append((request_id, EngineError(failed)))
         # an empty step, its tokens read from one device's copy (tensor parallel)
-        try: runner.prepare([], runner.buckets[0])[0]().to(runner.devices[0]).tolist()
+        try: runner.prepare([], runner.buckets[0])[0]().tolist()
         except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
       # clear, then look again: a request that arrived meanwhile set the event after our last check
       self.work.clear()

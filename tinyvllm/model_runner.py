@@ -133,11 +133,12 @@ class ModelRunner:
   def sample(self, logits:Tensor, allowed:Tensor|None=None) -> Tensor:
     """Sampling is a graph of its own in two variants: the filtering one (grammar masks, top-k, top-p, min-p) costs several passes over the
     vocabulary, so a batch whose requests use none of them runs the plain one. It reads the logits' rows and no per-token input: one graph
-    serves every token bucket with that many rows. Returns the sampled token of each row."""
+    serves every token bucket with that many rows. Returns the sampled token of each row, on the first device: under tensor parallelism
+    every device samples the same tokens, and the copy inside the graph spares the engine a copy that tinygrad would schedule each step."""
     inputs = {name: self.step_buffer[where] for name, where in step_layout(0, logits.shape[0], self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
-    return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).contiguous()
+    return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).to(self.devices[0]).contiguous()
 
   def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple[typing.Callable, list]:
     """Packs the step that computes num_new tokens of each (seq, num_new). Returns its launch, which gives (on the GPU, not waited for)
