@@ -1,6 +1,6 @@
 """Tensor parallelism (Megatron) on two virtual CPU devices, so CI checks it without a GPU: the same tokens as one device, and as
 transformers on the same safetensors; a size that cannot split the model is a clear error."""
-import json, shutil, pytest, torch, transformers
+import json, re, shutil, pytest, torch, transformers
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.config import BUNDLED_MODEL
 from test_model import TINY, save_random
@@ -34,11 +34,16 @@ def test_qwen2_shape_at_two_devices_is_greedy_equal_to_transformers(tmp_path):
   assert llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids == ids[len(prompt):]
 
 def test_sizes_that_cannot_split_the_model_are_refused(tmp_path):
-  with pytest.raises(ValueError, match="tensor_parallel_size 3 must divide the 8 attention heads and 4 KV heads"):
+  with pytest.raises(ValueError, match=re.escape("tensor_parallel_size 3 must divide the model's {'num_attention_heads': 8, 'num_key_value_heads': 4")):
     LLM(device="CPU", tensor_parallel_size=3)
+  for name in ("tokenizer.json", "tokenizer_config.json"): shutil.copy(f"{BUNDLED_MODEL}/{name}", tmp_path)
+  # an MLP width two devices cannot halve (heads that they can): refused before any weight loads
+  (tmp_path / "config.json").write_text(transformers.LlamaConfig(**(TINY | dict(intermediate_size=33)), architectures=["LlamaForCausalLM"]).to_json_string())
+  with pytest.raises(ValueError, match=re.escape("tensor_parallel_size 2 must divide the model's {'num_attention_heads': 4, 'num_key_value_heads': 2, "
+                                                 "'intermediate_size': 33}")):
+    LLM(str(tmp_path), device="CPU", tensor_parallel_size=2, load_format="dummy")
   with pytest.raises(ValueError, match="tensor_parallel_size must be positive"): LLM(device="CPU", tensor_parallel_size=0)
   cfg = transformers.Qwen3MoeConfig(**TINY, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, architectures=["Qwen3MoeForCausalLM"])
   (tmp_path / "config.json").write_text(cfg.to_json_string())
-  for name in ("tokenizer.json", "tokenizer_config.json"): shutil.copy(f"{BUNDLED_MODEL}/{name}", tmp_path)
   with pytest.raises(ValueError, match="mixture-of-experts models run with tensor_parallel_size 1"):
     LLM(str(tmp_path), device="CPU", tensor_parallel_size=2, load_format="dummy")

@@ -54,8 +54,9 @@ class ModelRunner:
     if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
     # -- devices and weights
     # tensor parallel: DEVICE:0..N-1 (virtual devices on the CPU), each holding its share of every layer's heads and of the KV pool
-    tp, heads, kv_heads = config.tensor_parallel_size, hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
-    if heads % tp or kv_heads % tp: raise ValueError(f"tensor_parallel_size {tp} must divide the {heads} attention heads and {kv_heads} KV heads")
+    # the sizes they divide: attention heads, KV heads (with them the KV pool) and the MLP's width
+    tp, sizes = config.tensor_parallel_size, {k: hf_config[k] for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size")}
+    if any(size % tp for size in sizes.values()): raise ValueError(f"tensor_parallel_size {tp} must divide the model's {sizes}")
     if tp > 1 and hf_config["moe_layers"]: raise ValueError("mixture-of-experts models run with tensor_parallel_size 1 (for now)")
     self.devices = tuple(f"{self.device}:{i}" for i in range(tp))
     try: Device[self.devices[-1]]   # the last one opens only if all before it exist
