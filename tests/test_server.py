@@ -563,12 +563,13 @@ def test_readme_snippets(srv, capsys):
 
 def test_cli():
   """`python -m tinyvllm.serve` end to end: flags, startup log, --api-key on /v1 only (any case of the Bearer scheme), --served-model-name
-  (the only name /v1/models shows: never the model folder's path), a clean SIGTERM (what service managers send): exit 0, no leak report."""
+  (the only name /v1/models shows: never the model folder's path), a clean SIGTERM to its whole process group (what `timeout` and systemd's
+  stop send; tinygrad's compile workers get it too): exit 0 within seconds, no leak report."""
   with free_socket() as s: port = s.getsockname()[1]
   model_dir = os.path.join(ROOT, "tinyvllm", "stories260K")
   cmd = [sys.executable, "-m", "tinyvllm.serve", "--device", "CPU", "--port", str(port), "--api-key", "sk-test", "--served-model-name", "tiny",
          "--max-num-seqs", "2", "--max-model-len", "128", "--enforce-eager", "--model", model_dir]
-  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
   url, log = f"http://127.0.0.1:{port}", []
   threading.Thread(target=lambda: log.extend(p.stdout), daemon=True).start()
   try:
@@ -595,7 +596,7 @@ def test_cli():
     with pytest.raises(openai.NotFoundError): client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2)
     assert f"ready on http://127.0.0.1:{port}" in "".join(log)
   finally:
-    p.send_signal(signal.SIGTERM)
+    os.killpg(p.pid, signal.SIGTERM)
     try: p.wait(30)
     except subprocess.TimeoutExpired: p.kill(); raise
   assert p.returncode == 0 and "Traceback" not in "".join(log) and "leaked semaphore" not in "".join(log), "".join(log)

@@ -6,6 +6,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+import tinygrad.engine.worker   # only for its compile workers at exit (main)
 from tinyvllm.config import Config
 from tinyvllm.sequence import ParamError, SamplingParams
 from tinyvllm.llm_engine import AsyncLLM, EngineError
@@ -175,5 +176,9 @@ def main():
   signal.signal(signal.SIGTERM, signal.default_int_handler)
   with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled; the shutdown was clean, so exit 0
     uvicorn.run(build_app(llm, args.served_model_name, args.api_key), host=args.host, port=args.port, timeout_graceful_shutdown=5)
+  # a SIGTERM sent to the whole process group (timeout, systemd's stop) also kills tinygrad's compile workers, one of them holding their
+  # task queue's lock, and the pool's exit finalizer waits for that lock forever. Without it, exit ends the workers as daemon processes
+  # (tinygrad internals: its worker pool; multiprocessing's Pool._terminate)
+  if tinygrad.engine.worker.worker_pool: tinygrad.engine.worker.worker_pool._terminate.cancel()
 
 if __name__ == "__main__": main()
