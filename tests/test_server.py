@@ -119,10 +119,10 @@ def test_stop(srv):
     if stream: r = "".join(c.choices[0].delta.content or "" for c in srv.client.chat.completions.create(**kw, stop=[stop, "zzz"], stream=True))
     else: c = srv.client.chat.completions.create(**kw, stop=stop).choices[0]; r = c.message.content; assert c.finish_reason == "stop"
     assert stop not in r and r == text[:text.index(stop)]
-  # include_stop_str_in_output keeps the stop string; vLLM's stop_reason names it
-  r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MSGS, **kw["extra_body"], "max_tokens": 40, "temperature": 0, "stop": [stop],
-                                                          "include_stop_str_in_output": True}, timeout=60).json()["choices"][0]
-  assert r["message"]["content"] == text[:text.index(stop) + len(stop)] and r["stop_reason"] == stop and r["finish_reason"] == "stop"
+  # vLLM's stop_reason names the stop string
+  r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MSGS, **kw["extra_body"], "max_tokens": 40, "temperature": 0, "stop": [stop]},
+                 timeout=60).json()["choices"][0]
+  assert r["message"]["content"] == text[:text.index(stop)] and r["stop_reason"] == stop and r["finish_reason"] == "stop"
 
 def test_seed(srv):
   texts = [srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=16, temperature=1, seed=s).choices[0].message.content
@@ -180,7 +180,8 @@ BAD = [  # (body or raw bytes, status, param)
   ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, "messages"),
   (b"[" * 50_000 + b"]" * 50_000, 400, None),   # too deep for json.loads itself
   ({"temperature": "hot"}, 400, "temperature"), ({"max_tokens": "10"}, 400, "max_tokens"), ({"n": True}, 400, "n"), ({"stop": 5}, 400, "stop"),
-  ({"stop": ["a", 1]}, 400, "stop"), ({"stop_token_ids": [1.5]}, 400, "stop_token_ids"), ({"stream": "yes"}, 400, "stream"),
+  ({"stop": ["a", 1]}, 400, "stop"), ({"stop_token_ids": [1.5]}, 400, "stop_token_ids"), ({"stop_token_ids": [2]}, 400, "stop_token_ids"),
+  ({"include_stop_str_in_output": True}, 400, "include_stop_str_in_output"), ({"stream": "yes"}, 400, "stream"),
   ({"temperature": -1}, 400, "temperature"), ({"top_p": 0}, 400, "top_p"), ({"top_p": 1.5}, 400, "top_p"), ({"top_k": -3}, 400, "top_k"),
   ({"min_p": 1.5}, 400, "min_p"), ({"min_p": -0.1}, 400, "min_p"), ({"min_p": "0.1"}, 400, "min_p"),
   ({"n": 0}, 400, "n"), ({"max_tokens": 0}, 400, "max_tokens"), ({"max_completion_tokens": 0}, 400, "max_completion_tokens"),
@@ -202,7 +203,7 @@ def test_errors(srv, body, status, param):
   assert srv.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=2).choices[0].message.content is not None
 
 @pytest.mark.parametrize("kw", [dict(top_k=10**12), dict(temperature=1e300), dict(temperature=1e-300), dict(top_p=1e-300, top_k=0),
-                                dict(seed=2**64 - 1), dict(seed=-5), dict(stop_token_ids=[10**12]), dict(max_tokens=None, stop=["."]),
+                                dict(seed=2**63 - 1), dict(seed=-5), dict(stop_token_ids=[]), dict(max_tokens=None, stop=["."]),
                                 dict(max_completion_tokens=3, max_tokens=10**9), dict(temperature=0, top_p=0.5, top_k=3),
                                 dict(min_p=1), dict(min_p=0.5, top_p=0.5, top_k=5, temperature=1.5)])
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")   # temperature 1e300 is inf in float32: uniform sampling
@@ -283,7 +284,7 @@ def assert_error(r:httpx.Response, status:int, param:str|None):
 
 NUMBERS = [("temperature", 10**309), ("temperature", -10**309), ("temperature", -0.5), ("temperature", "0.5"), ("temperature", True),
            ("top_p", 0), ("top_p", 1.5), ("top_p", 10**309), ("top_k", -2), ("top_k", 2.5), ("top_k", 10**309), ("top_k", 2**63), ("min_p", 10**309),
-           ("max_tokens", 0), ("max_tokens", 1.5), ("max_tokens", 10**309), ("max_completion_tokens", -1), ("seed", 2**64),
+           ("max_tokens", 0), ("max_tokens", 1.5), ("max_tokens", 10**309), ("max_completion_tokens", -1), ("seed", 2**63),
            ("seed", -2**63 - 1), ("seed", 1.5), ("seed", 10**309), ("n", 0), ("n", 2.0), ("n", False), ("n", 10**309)]
 
 def test_numbers_are_checked_before_the_engine(srv):
@@ -469,12 +470,13 @@ UNSUPPORTED = {  # OpenAI's and vLLM's fields that tinyvllm does not implement y
   "use_beam_search": True, "echo": True, "guided_json": {"type": "object"}, "chat_template": "{{ x }}", "add_generation_prompt": False,
   "continue_final_message": True,
   "skip_special_tokens": False, "prompt_logprobs": 1, "allowed_token_ids": [1, 2], "bad_words": ["x"],
-  "logprobs": True, "top_logprobs": 3}   # logprobs and top_logprobs: traded for tensor parallelism (README, "Not supported, and why")
+  "logprobs": True, "top_logprobs": 3,   # logprobs and top_logprobs: traded for tensor parallelism (README, "Not supported, and why")
+  "stop_token_ids": [2], "include_stop_str_in_output": True}   # traded for async scheduling (issue #62)
 NO_OPS = {  # what real clients send by default: the same fields with values that change nothing
   "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "parallel_tool_calls": True,
   "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {}, "min_p": 0, "min_tokens": 0, "best_of": 1,
   "skip_special_tokens": True, "add_generation_prompt": True, "echo": False, "store": False, "modalities": ["text"], "service_tier": "auto",
-  "user": "alice", "n": 1, "stream": False, "stream_options": None}
+  "user": "alice", "n": 1, "stream": False, "stream_options": None, "stop_token_ids": [], "include_stop_str_in_output": False}
 
 def test_every_field_is_honoured_or_rejected(srv, caplog):
   """No field is silently ignored: one not implemented yet is a 400 naming it, unless null or the default that changes nothing (real

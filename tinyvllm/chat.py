@@ -123,7 +123,7 @@ class OutputParser:
     self.finish_reason, self.stop_reason = "tool_calls" if self.calls and out.finish_reason == "stop" else out.finish_reason, out.stop_reason
     return self.choice(delta=delta) if delta or final else None
 
-  def choice(self, **content) -> dict:   # vLLM adds stop_reason: the stop string or token id that ended it
+  def choice(self, **content) -> dict:   # vLLM adds stop_reason: the stop string that ended it
     return {"index": 0, **content, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
 
   def reply(self) -> dict:   # the whole choice, as a non-streaming response carries it: content is null beside tool calls alone

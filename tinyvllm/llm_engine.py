@@ -83,11 +83,9 @@ class LLMEngine:
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), ([], None)
       for request_id in failed: self.abort(request_id)
       raise EngineError(failed) from e
-    return [self.request_output(seq, output) for seq, output in outputs]
-
-  def request_output(self, seq:Sequence, delta:CompletionOutput) -> RequestOutput:
-    if seq.status == Status.FINISHED: del self.requests[seq.request_id]
-    return RequestOutput(seq.request_id, seq.prompt_token_ids, [delta], seq.status == Status.FINISHED)
+    # a finished request leaves the engine with its last delta
+    for seq in (seq for seq, _ in outputs if seq.status == Status.FINISHED): del self.requests[seq.request_id]
+    return [RequestOutput(seq.request_id, seq.prompt_token_ids, [out], seq.status == Status.FINISHED) for seq, out in outputs]
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""

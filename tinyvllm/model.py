@@ -80,23 +80,20 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False, devices:tupl
   load = lambda names: Tensor.cat(*[piece(n).chunk(tp)[d] for d in range(tp) for n in names]) if len(names) > 1 else piece(names[0])
   return {k: place(k, load(names)) for k, names in tqdm(parts.items(), desc="loading weights")}
 
-def rope_tables(hf_config:dict, max_len:int) -> tuple[Tensor, Tensor]:
-  hd, r = hf_config["head_dim"], hf_config["rope"]; inv = [hf_config["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
-  if r.get("rope_type", r.get("type")) == "llama3":
-    # Llama 3.1 rescales by wavelength: frequencies whose wavelength is short against the original context are kept, long ones are slowed
-    # by `factor`, and the band between blends the two (the blend b clamped to [0, 1] gives all three cases)
-    orig, low, high = r["original_max_position_embeddings"], r["low_freq_factor"], r["high_freq_factor"]
-    inv = [(1 - (b := min(max((orig * f / (2*math.pi) - low) / (high - low), 0), 1))) * f / r["factor"] + b * f for f in inv]
-  ang = Tensor.arange(max_len).float().reshape(-1, 1) * Tensor(inv).reshape(1, -1)
-  return ang.cos().contiguous().realize(), ang.sin().contiguous().realize()
-
 class Transformer:
   """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm) and the mixture-of-experts Qwen3-MoE and Mixtral (sparse
   feed-forward layers, see experts). Attention is passed in, so the model knows nothing of paging."""
   def __init__(self, hf_config:dict, weights:dict[str, Tensor], max_len:int, devices:tuple[str, ...]=(None,)):
     self.hf_config, self.w, self.tp = hf_config, weights, len(devices)
     # the rope tables, copied to every device
-    self.cos, self.sin = (table.to(devices) for table in rope_tables(hf_config, max_len))
+    hd, r = hf_config["head_dim"], hf_config["rope"]; inv = [hf_config["rope_theta"] ** (-2*i/hd) for i in range(hd//2)]
+    if r.get("rope_type", r.get("type")) == "llama3":
+      # Llama 3.1 rescales by wavelength: frequencies whose wavelength is short against the original context are kept, long ones are slowed
+      # by `factor`, and the band between blends the two (the blend b clamped to [0, 1] gives all three cases)
+      orig, low, high = r["original_max_position_embeddings"], r["low_freq_factor"], r["high_freq_factor"]
+      inv = [(1 - (b := min(max((orig * f / (2*math.pi) - low) / (high - low), 0), 1))) * f / r["factor"] + b * f for f in inv]
+    ang = Tensor.arange(max_len).float().reshape(-1, 1) * Tensor(inv).reshape(1, -1)
+    self.cos, self.sin = (table.contiguous().realize().to(devices) for table in (ang.cos(), ang.sin()))
     # tied embeddings share the matrix
     self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
 
@@ -105,9 +102,6 @@ class Transformer:
 
   def linear(self, x:Tensor, name:str) -> Tensor:
     y = gemm.matmul(x, self.w[name+".weight"]); return y if (b := self.w.get(name+".bias")) is None else y + b
-
-  def rope(self, x:Tensor, cos:Tensor, sin:Tensor) -> Tensor:   # Hugging Face's rotate_half layout
-    x1, x2 = x.chunk(2, -1); return (x1*cos - x2*sin).cat(x2*cos + x1*sin, dim=-1).cast(x.dtype)
 
   def __call__(self, tokens:Tensor, positions:Tensor, attention, rows:Tensor) -> Tensor:
     """tokens, positions: (N,) flattened over the step's sequences; attention(layer, qkv (N, H+2*KV, hd)) -> (N, H, hd). Returns the float
@@ -124,8 +118,9 @@ class Transformer:
       qk = qkv[:, :, :(H+KV)//tp]
       if hf_config["qk_norm"]:
         qk = self.norm(qk, self.w[p+"self_attn.q_norm.weight"].expand(H//tp, hd).cat(self.w[p+"self_attn.k_norm.weight"].expand(KV//tp, hd)))
-      # (N, H+2*KV, hd)
-      qkv = self.rope(qk, cos, sin).cat(qkv[:, :, (H+KV)//tp:], dim=2).reshape(N, -1, hd)
+      # roped in Hugging Face's rotate_half layout: (N, H+2*KV, hd)
+      x1, x2 = qk.chunk(2, -1)
+      qkv = (x1*cos - x2*sin).cat(x2*cos + x1*sin, dim=-1).cast(qk.dtype).cat(qkv[:, :, (H+KV)//tp:], dim=2).reshape(N, -1, hd)
       x = x + self.linear(attention(i, qkv).reshape(N, -1), p+"self_attn.o_proj")
       h = self.norm(x, self.w[p+"post_attention_layernorm.weight"])
       if i in hf_config["moe_layers"]: x = x + self.experts(h, p); continue

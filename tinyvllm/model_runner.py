@@ -61,8 +61,15 @@ class ModelRunner:
     self.devices = tuple(f"{self.device}:{i}" for i in range(tp))
     try: Device[self.devices[-1]]   # the last one opens only if all before it exist
     except Exception as e: raise ValueError(f"tensor_parallel_size {tp}: tinygrad cannot open {self.devices[-1]} ({e})") from None
-    # what the model is built at: its compute dtype and context length (cut to the KV pool below)
-    self.dtype, self.max_model_len = self.pick_dtype(hf_config), min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
+    # what the model is built at: its compute dtype and context length (cut to the KV pool below). GPUs compute in the checkpoint's 16-bit
+    # type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler can't build is refused here, in one sentence, not
+    # deep inside the first kernel
+    name = "float32" if self.device == "CPU" else "bfloat16" if (hf_config.get("torch_dtype") or hf_config.get("dtype")) == "bfloat16" else "float16"
+    self.dtype = getattr(dtypes, name := name if config.dtype == "auto" else config.dtype)
+    try: (Tensor([1.5], dtype=self.dtype) * 2).realize()
+    except Exception as e:
+      raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
+    self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
     weights = load_weights(model_dir, hf_config, self.dtype, config.load_format == "dummy", self.devices)
     self.model = Transformer(hf_config, weights, self.max_model_len, self.devices)
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
@@ -112,15 +119,6 @@ class ModelRunner:
     # counted in units (a token bucket with one sampler variant), as pending is, not in graphs: units share sampler graphs, so the two
     # counts did not add up. A bucket is in once both its units are; eager runs have every bucket in and none to capture
     log.info("ready after %.1f s: %d step graph units in, %d more to capture", time.perf_counter() - start, 2 * len(self.buckets), len(self.pending))
-
-  def pick_dtype(self, hf_config:dict):
-    """GPUs compute in the checkpoint's 16-bit type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler
-    can't build is refused here, in one sentence, not deep inside the first kernel."""
-    name = "float32" if self.device == "CPU" else "bfloat16" if (hf_config.get("torch_dtype") or hf_config.get("dtype")) == "bfloat16" else "float16"
-    dtype = getattr(dtypes, name := name if self.config.dtype == "auto" else self.config.dtype)
-    try: (Tensor([1.5], dtype=dtype) * 2).realize(); return dtype
-    except Exception as e:
-      raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
 
   def forward(self, num_tokens:int, num_rows:int) -> Tensor:
     """The decoder over the step's tokens; returns the logits of the rows that sample."""

@@ -31,15 +31,6 @@ def compile_grammar(structured_outputs:dict, ll_tokenizer:llguidance.LLTokenizer
   if (matcher := LLMatcher(ll_tokenizer, grammar)).is_error(): raise ParamError("structured_outputs", matcher.get_error())
   return matcher
 
-def hash_uniform(seeds:Tensor, positions:Tensor, vocab_size:int) -> Tensor:
-  """(R, V) uniforms in (0, 1) that are a pure function of (request seed, output position, token id): a counter-based RNG, so a seeded
-  request samples the same text whatever else shares its batch, and no per-sequence generator state lives on the host."""
-  u32 = lambda t: t.cast(dtypes.uint32)
-  x = u32(seeds).unsqueeze(1) * 0x9E3779B1 + u32(positions).unsqueeze(1) * 0x85EBCA77 + Tensor.arange(vocab_size, dtype=dtypes.uint32) * 0xC2B2AE3D
-  # murmur3's finalizer mixes every input bit into every output bit
-  for mul in (0x85EBCA6B, 0xC2B2AE35): x = (x ^ (x >> 16)) * mul
-  return (u32(x ^ (x >> 16)) >> 8).cast(dtypes.float32).add(0.5).div(2**24)
-
 def threshold(probs:Tensor, enough, ways:int=16, rounds:int=6) -> Tensor:
   """Largest t with enough(probs >= t), per row, by a `ways`-ary search: top-k/top-p without sorting the vocabulary (a sort is ~100
   kernels in tinygrad). Each round tests `ways` thresholds in one pass over the row, so 6 rounds of 16 reach 2^-24 of the row's max."""
@@ -62,8 +53,21 @@ def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, t
     bits = ((allowed.unsqueeze(-1) >> Tensor.arange(32, dtype=dtypes.int32)) & 1).reshape(logits.shape[0], -1)[:, :logits.shape[1]]
     logits = (bits != 0).where(logits, -math.inf)
   x = logits / temperatures.maximum(1e-5).unsqueeze(1)
-  if top_k is not None: x = top_k_top_p(x, top_k, top_p, min_p)
-  gumbel = -(-hash_uniform(seeds, positions, logits.shape[1]).log()).log()
+  if top_k is not None:
+    # -inf for tokens less likely than min_p times the row's most likely one, then outside the row's top-k tokens, then outside the
+    # smallest set of those holding top_p of their probability
+    probs = ((p := x.softmax(-1)) >= min_p.unsqueeze(1) * p.max(-1, keepdim=True)).where(p, 0)
+    probs = (probs >= threshold(probs, lambda keep: keep.sum(-1, keepdim=True) >= top_k.reshape(-1, 1, 1))).where(probs, 0)
+    mass = lambda keep: keep.where(probs.unsqueeze(1), 0).sum(-1, keepdim=True)
+    cut = threshold(probs, lambda keep: mass(keep) >= top_p.reshape(-1, 1, 1) * probs.sum(-1, keepdim=True).unsqueeze(1) * (1 - 1e-6))
+    x = ((probs >= cut) & (probs > 0)).where(x, -math.inf)
+  # Gumbel noise from (R, V) uniforms in (0, 1) that are a pure function of (request seed, output position, token id): a counter-based
+  # RNG, so a seeded request samples the same text whatever else shares its batch, and no per-sequence generator state lives on the host.
+  # murmur3's finalizer mixes every input bit into every output bit
+  u32 = lambda t: t.cast(dtypes.uint32)
+  u = u32(seeds).unsqueeze(1) * 0x9E3779B1 + u32(positions).unsqueeze(1) * 0x85EBCA77 + Tensor.arange(logits.shape[1], dtype=dtypes.uint32) * 0xC2B2AE3D
+  for mul in (0x85EBCA6B, 0xC2B2AE35): u = (u ^ (u >> 16)) * mul
+  gumbel = -(-(u32(u ^ (u >> 16)) >> 8).cast(dtypes.float32).add(0.5).div(2**24).log()).log()
   return argmax((temperatures == 0).unsqueeze(1).where(logits, x + gumbel))
 
 def argmax(x:Tensor, chunk:int=128) -> Tensor:
@@ -73,12 +77,3 @@ def argmax(x:Tensor, chunk:int=128) -> Tensor:
   x = x.pad((None, (0, -x.shape[1] % chunk)), value=-math.inf).reshape(x.shape[0], -1, chunk)
   best = x.max(-1).argmax(-1)   # (R,) the first chunk holding the max
   return (best * chunk + x[Tensor.arange(x.shape[0]), best].argmax(-1)).cast(dtypes.int32)
-
-def top_k_top_p(x:Tensor, top_k:Tensor, top_p:Tensor, min_p:Tensor) -> Tensor:
-  """x with -inf for tokens less likely than min_p times the row's most likely one, then outside the row's top-k tokens, then outside the
-  smallest set of those holding top_p of their probability."""
-  probs = ((p := x.softmax(-1)) >= min_p.unsqueeze(1) * p.max(-1, keepdim=True)).where(p, 0)
-  probs = (probs >= threshold(probs, lambda keep: keep.sum(-1, keepdim=True) >= top_k.reshape(-1, 1, 1))).where(probs, 0)
-  mass = lambda keep: keep.where(probs.unsqueeze(1), 0).sum(-1, keepdim=True)
-  cut = threshold(probs, lambda keep: mass(keep) >= top_p.reshape(-1, 1, 1) * probs.sum(-1, keepdim=True).unsqueeze(1) * (1 - 1e-6))
-  return ((probs >= cut) & (probs > 0)).where(x, -math.inf)

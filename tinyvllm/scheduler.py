@@ -60,13 +60,12 @@ class Scheduler:
     if length == seq.num_prompt_tokens + 1: self.num_prompt_tokens += seq.num_prompt_tokens
     # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
     self.num_generation_tokens += 1; seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
-    if token in params.stop_token_ids: reason, stop_reason = "stop", token
     # EOS, or the end of its grammar
-    elif token in self.eos_ids and not params.ignore_eos or seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"
+    if token in self.eos_ids and not params.ignore_eos or seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"
     # a match can only start in the new text or in the len(stop) - 1 held characters before it
     for stop in params.stop:
       if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
-        seq.held_text = seq.held_text[:i + len(stop) if params.include_stop_str_in_output else i]; reason, stop_reason = "stop", stop
+        seq.held_text = seq.held_text[:i]; reason, stop_reason = "stop", stop
     if reason is None and (length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len): reason = "length"
     # the placeholder of a step scheduled meanwhile is dropped
     if reason: del seq.token_ids[length:]; self.finish(seq)

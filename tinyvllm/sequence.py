@@ -2,7 +2,7 @@
 carries one request through llm_engine, scheduler, block_manager and model_runner, and the outputs llm_engine returns. Plain data,
 imported by every layer; it imports nothing of the engine."""
 import dataclasses, enum, math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # the stop-list bounds keep each token's stop search short, so one request's stop lists can't stall the step
 MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256
@@ -16,7 +16,7 @@ class ParamError(ValueError):
 RANGES = {"n": (int, lambda n: n == 1, "1: n > 1 is not supported"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
           "temperature": (float, lambda t: t >= 0, "non-negative"), "top_p": (float, lambda p: 0 < p <= 1, "in (0, 1]"),
           "min_p": (float, lambda p: 0 <= p <= 1, "in [0, 1]"), "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"),
-          "seed": (int, lambda s: -2**63 <= s < 2**64, "a 64-bit integer"), "logprobs": (int, lambda k: False, "None: logprobs are not supported")}
+          "seed": (int, lambda s: -2**63 <= s < 2**63, "a signed 64-bit integer"), "logprobs": (int, lambda k: False, "None: logprobs are not supported")}
 
 @dataclass
 class SamplingParams:
@@ -24,10 +24,10 @@ class SamplingParams:
   # how each token is drawn. top_k: -1 or 0 keeps the whole vocabulary; min_p: drop tokens less likely than min_p times the most likely one
   temperature: float = 1.0; top_p: float = 1.0; top_k: int = -1; min_p: float = 0.0; seed: int | None = None
   # when the output ends
-  max_tokens: int = 16; stop: str | list[str] | None = None; stop_token_ids: list[int] = field(default_factory=list); ignore_eos: bool = False
+  max_tokens: int = 16; stop: str | list[str] | None = None; ignore_eos: bool = False
   # what the output holds. structured_outputs: {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]} or
   # {"grammar": lark}; logprobs: only None
-  n: int = 1; include_stop_str_in_output: bool = False; structured_outputs: dict | None = None; logprobs: int | None = None
+  n: int = 1; structured_outputs: dict | None = None; logprobs: int | None = None
   def __post_init__(self):
     # each number finite, of its field's type and in its range, or ParamError: JSON allows 10**309 or NaN, which would overflow or poison
     # the step's float32 buffer
@@ -40,8 +40,6 @@ class SamplingParams:
       if not finite or not ok(value): raise ParamError(name, f"must be {rule}" if finite else "must be finite")
       setattr(self, name, value)
     self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-    if len(self.stop_token_ids) > MAX_STOP_STRINGS or not all(type(t) is int for t in self.stop_token_ids):
-      raise ParamError("stop_token_ids", f"takes at most {MAX_STOP_STRINGS} integers")
     if len(self.stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN for s in self.stop):
       raise ParamError("stop", f"takes at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_LEN} characters")
 
@@ -49,7 +47,7 @@ class Status(enum.Enum): WAITING = 0; RUNNING = 1; FINISHED = 2
 
 @dataclass
 class CompletionOutput:
-  # finish_reason: "stop" or "length" (an aborted request gets no more outputs); stop_reason: the stop string or stop token id that ended
+  # finish_reason: "stop" or "length" (an aborted request gets no more outputs); stop_reason: the stop string that ended
   # it (None for EOS, length or abort), as in vLLM
   index: int; text: str; token_ids: list[int]; finish_reason: str | None = None; stop_reason: str | int | None = None
   def __add__(self, delta:"CompletionOutput") -> "CompletionOutput":

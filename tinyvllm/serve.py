@@ -17,15 +17,16 @@ MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # ids and `prompt_cache_key` a caching hint (our prefix cache needs none): accepting them is honouring them
 HONOURED = {field: kinds for kinds, fields in [((str,), "model user safety_identifier prompt_cache_key"), ((str, list), "stop"),
   ((int,), "max_tokens max_completion_tokens top_k seed n"), ((int, float), "temperature top_p min_p"), ((str, dict), "tool_choice"),
-  ((bool,), "stream ignore_eos include_stop_str_in_output parallel_tool_calls"), ((list,), "messages stop_token_ids tools"),
+  ((bool,), "stream ignore_eos parallel_tool_calls"), ((list,), "messages tools"),
   ((dict,), "stream_options response_format structured_outputs chat_template_kwargs")] for field in fields.split()}
 # OpenAI's and vLLM's other fields, each with the values that change nothing: clients send those defaults, so they (and null) pass and any
 # other value is a 400 naming the field (the penalties, logit_bias and min_tokens are the next ones to honour, issue #27 item 4). logprobs
-# and top_logprobs went to pay for tensor parallelism (README, "Not supported, and why"), as did n > 1 (SamplingParams refuses it)
-NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message logprobs"),
+# and top_logprobs went to pay for tensor parallelism (README, "Not supported, and why"), as did n > 1 (SamplingParams refuses it);
+# stop_token_ids and include_stop_str_in_output went to pay for async scheduling (issue #62)
+NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message logprobs include_stop_str_in_output"),
   ([1], "repetition_penalty best_of"), ([True], "add_generation_prompt skip_special_tokens"),
   ([0], "presence_penalty frequency_penalty min_tokens top_logprobs"),
-  ([[]], "functions bad_words"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
+  ([[]], "functions bad_words stop_token_ids"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
   ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template "
                                   "guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
 
@@ -35,8 +36,6 @@ class APIError(Exception):
     super().__init__(message); self.status, self.type, self.param, self.code = status, type, param, code
   def body(self): return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
   def response(self): return JSONResponse(self.body(), self.status)
-
-def _reject(constant): raise ValueError(f"{constant} is not valid JSON")
 
 class OpenAIServer:
   """vLLM's api_server routes over one AsyncLLM: /v1/chat/completions (and its /render), /v1/models, /health and /metrics."""
@@ -52,7 +51,8 @@ class OpenAIServer:
       raise APIError("Incorrect API key provided.", 401, code="invalid_api_key")
 
   def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, dict, OutputParser]:
-    try: body = json.loads(raw, parse_constant=_reject)
+    # NaN and Infinity, which Python's json takes and JSON has not, fail to parse as integers
+    try: body = json.loads(raw, parse_constant=int)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
     for field, value in ((field, value) for field, value in body.items() if value is not None):   # null means the default
