@@ -65,7 +65,7 @@ def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, t
   # RNG, so a seeded request samples the same text whatever else shares its batch, and no per-sequence generator state lives on the host.
   # murmur3's finalizer mixes every input bit into every output bit
   u32 = lambda t: t.cast(dtypes.uint32)
-  u = u32(seeds).unsqueeze(1) * 0x9E3779B1 + u32(positions).unsqueeze(1) * 0x85EBCA77 + Tensor.arange(logits.shape[1], dtype=dtypes.uint32) * 0xC2B2AE3D
+  u = u32(seeds).unsqueeze(1) * 0x9E3779B1 + u32(positions).unsqueeze(1) * 0x85EBCA77 + u32(Tensor.arange(logits.shape[1])) * 0xC2B2AE3D
   for mul in (0x85EBCA6B, 0xC2B2AE35): u = (u ^ (u >> 16)) * mul
   gumbel = -(-(u32(u ^ (u >> 16)) >> 8).cast(dtypes.float32).add(0.5).div(2**24).log()).log()
   return argmax((temperatures == 0).unsqueeze(1).where(logits, x + gumbel))

@@ -34,21 +34,23 @@ class Scheduler:
       batch.append((seq, num_new := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_new
     return batch
 
-  def advance(self, batch:list[tuple[Sequence, int]]):
-    """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples holds a
-    placeholder for the token the GPU is drawing, so the next step can be scheduled now (vLLM's async scheduling)."""
+  def advance(self, batch:list[tuple[Sequence, int]], sampling:list[Sequence]):
+    """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples (sampling, by
+    row) holds a placeholder for the token the GPU is drawing, -1 - its row, so the next step can be scheduled and launched now (vLLM's
+    async scheduling: that step reads the token from the row on the device)."""
+    rows = {seq: row for row, seq in enumerate(sampling)}
     # the sequences still running: not one the previous step's token stopped
     for seq, num_new in ((seq, num_new) for seq, num_new in batch if seq.status == Status.RUNNING):
       # full blocks are registered for prefix caching
       seq.num_computed_tokens += num_new; self.bm.commit(seq)
       # a mid-prompt chunk samples nothing
-      if seq.num_computed_tokens == len(seq): seq.token_ids.append(-1)
+      if seq.num_computed_tokens == len(seq): seq.token_ids.append(-1 - rows[seq])
 
   def receive(self, sampling:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
     """A step's tokens (one for each of its sampling sequences) replace their placeholders before the next step's launch, which reads
     them (and their grammars' masks). Returns (sequence, token, its length with the token) for each token kept."""
     # not a sequence the step before stopped
-    kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1]
+    kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] < 0]
     for seq, token, _ in kept: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
     return kept
 

@@ -16,7 +16,7 @@ class ParamError(ValueError):
 RANGES = {"n": (int, lambda n: n == 1, "1: n > 1 is not supported"), "max_tokens": (int, lambda n: n >= 1, "at least 1"),
           "temperature": (float, lambda t: t >= 0, "non-negative"), "top_p": (float, lambda p: 0 < p <= 1, "in (0, 1]"),
           "min_p": (float, lambda p: 0 <= p <= 1, "in [0, 1]"), "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"),
-          "seed": (int, lambda s: -2**63 <= s < 2**63, "a signed 64-bit integer"), "logprobs": (int, lambda k: False, "None: logprobs are not supported")}
+          "seed": (int, lambda s: -2**63 <= s < 2**63, "a 64-bit integer"), "logprobs": (int, lambda k: False, "None: logprobs are not supported")}
 
 @dataclass
 class SamplingParams:

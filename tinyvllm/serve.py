@@ -24,9 +24,9 @@ HONOURED = {field: kinds for kinds, fields in [((str,), "model user safety_ident
 # and top_logprobs went to pay for tensor parallelism (README, "Not supported, and why"), as did n > 1 (SamplingParams refuses it);
 # stop_token_ids and include_stop_str_in_output went to pay for async scheduling (issue #62)
 NOT_YET = {field: no_ops for no_ops, fields in [([False], "echo store use_beam_search continue_final_message logprobs include_stop_str_in_output"),
-  ([1], "repetition_penalty best_of"), ([True], "add_generation_prompt skip_special_tokens"),
-  ([0], "presence_penalty frequency_penalty min_tokens top_logprobs"),
-  ([[]], "functions bad_words stop_token_ids"), ([{}], "logit_bias metadata"), (["none", "auto"], "function_call"), (["auto", "default"], "service_tier"),
+  ([1], "repetition_penalty best_of"), ([True], "add_generation_prompt skip_special_tokens"), ([{}], "logit_bias metadata"),
+  ([0], "presence_penalty frequency_penalty min_tokens top_logprobs"), (["none", "auto"], "function_call"),
+  ([[]], "functions bad_words stop_token_ids"), (["auto", "default"], "service_tier"),
   ([["text"]], "modalities"), ([], "audio prediction reasoning_effort web_search_options prompt_logprobs allowed_token_ids chat_template "
                                   "guided_json guided_regex guided_choice guided_grammar")] for field in fields.split()}
 
