@@ -100,11 +100,12 @@ class ModelRunner:
     self.step_buffer = Tensor(np.zeros(size, np.int32)).to(self.devices).realize()
     # the tokens the last step sampled, on every device: the next step reads there the input token of each sequence this one sampled (the
     # scheduler's placeholder, -1 - its row), so it can launch before the host has them (vLLM's async scheduling). The host reads the first
-    # device's buffer; on CUDA through page-locked memory of its own, as an event marks the step's end (see download)
+    # device's buffer. overlap: on one CUDA GPU the tokens come down into page-locked host memory of their own as their step ends, an event
+    # marking it (see download), so reading them waits for that step alone; elsewhere a read waits for every step launched
     self.sampled = Tensor.zeros(self.max_rows, dtype=dtypes.int32).contiguous().to(self.devices).realize()
     self.sampled_buffer = getattr(self.sampled.uop.buffer, "bufs", [self.sampled.uop.buffer])[0]
-    self.host_tokens, self.event = np.zeros(self.max_rows, np.int32), cuda.CUevent()
-    if self.device == "CUDA":
+    self.host_tokens, self.event, self.overlap = np.zeros(self.max_rows, np.int32), cuda.CUevent(), self.device == "CUDA" and tp == 1
+    if self.overlap:
       cuda.cuMemHostRegister_v2(self.host_tokens.ctypes.data, self.host_tokens.nbytes, 0)
       cuda.cuEventCreate(ctypes.byref(self.event), 0)
     # the sampler's other input, the grammar masks: filled on llguidance's thread pool; a batch that only uses top-k/top-p reuses one
@@ -152,12 +153,11 @@ class ModelRunner:
     tokens = sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters)
     return self.sampled[:logits.shape[0]].assign((inputs["out_positions"] > 0).where(tokens, self.sampled[:logits.shape[0]])).realize()
 
-  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple[typing.Callable, list, bool]:
+  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple:
     """Packs the step that computes num_new tokens of each (seq, num_new). Returns its launch, which queues it on the device (and gives
-    `sampled`, which it writes); the sequences
-    that sample a token in it (those whose last token it computes), in batch order; and whether it may launch before the host has read the
-    step before (async scheduling): not when grammar masks need that step's tokens, nor where a read waits for every step launched (every
-    device but CUDA)."""
+    `sampled`, which it writes); the sequences that sample a token in it (those whose last token it computes), in batch order; and
+    whether it may launch before the host has read the step before (async scheduling): with overlap (see __init__), unless grammar masks
+    need that step's tokens."""
     block_size, vocab_size = self.config.block_size, self.hf_config["vocab_size"]
     # -- per sequence: one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy
     # calls per sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
@@ -211,19 +211,18 @@ class ModelRunner:
         dev.allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
       logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
       return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampling, num_rows)] if filtered else []))
-    return launch, sampling, self.device == "CUDA" and not any(s.matcher for s in sampling)
+    return launch, sampling, self.overlap and not any(s.matcher for s in sampling)
 
   def read(self, num_rows:int) -> list[int]:
-    """The tokens of the step last downloaded, once it has run; elsewhere than CUDA, once every step launched has run."""
-    if self.device == "CUDA": cuda.cuEventSynchronize(self.event)
-    return (self.host_tokens if self.device == "CUDA" else self.sampled_buffer.numpy())[:num_rows].tolist()
+    """The tokens of the step last downloaded, once it has run (without overlap: once every step launched has run)."""
+    if self.overlap: cuda.cuEventSynchronize(self.event)
+    return (self.host_tokens if self.overlap else self.sampled_buffer.numpy())[:num_rows].tolist()
 
   def download(self, num_rows:int):
-    """CUDA: queue the copy of the last step's tokens to the host and the event that marks their arrival, once the host has read the step
-    before (tinygrad internals: its host-to-device copies stage through page-locked memory that it frees only as it synchronizes, which
-    async steps never do: every 64 steps, it does)."""
-    if self.device != "CUDA": return
-    cuda.cuCtxSetCurrent(self.sampled_buffer.allocator.dev.context)
+    """With overlap: queue the copy of the last step's tokens to the host and the event that marks their arrival, once the host has read
+    the step before (tinygrad internals: its host-to-device copies stage through page-locked memory that it frees only as it
+    synchronizes, which async steps never do: every 64 steps, it does)."""
+    if not self.overlap: return
     cuda.cuMemcpyDtoHAsync_v2(self.host_tokens.ctypes.data, self.sampled_buffer._buf, 4 * num_rows, None)
     cuda.cuEventRecord(self.event, None)
     if len(self.sampled_buffer.allocator.dev.pending_copyin) > 64: self.sampled_buffer.allocator.dev.synchronize_system()
