@@ -92,6 +92,10 @@ LIMITS = [  # (output, finish_reason, parallel_tool_calls) -> (content, calls)
   ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", False, "Both.\n", [WEATHER_CALL]),
   ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", True, "Both.\n\nand\n\nDone.", [WEATHER_CALL, CLOCK_CALL]),  # as before
   (CALL + "\n" + CALL2 + "\n" + CALL[:20], "length", False, None, [WEATHER_CALL]),
+  # max_tokens cut the <tool_call> tag itself (SmolLM2 spells it in several tokens): no prefix of it is content (issue #61)
+  ("<", "length", True, None, []), ("<tool", "length", True, None, []), ("<tool_call", "length", True, None, []),
+  ("It is sunny <tool_", "length", True, "It is sunny ", []), (CALL2 + "\n<tool_c", "length", True, None, [CLOCK_CALL]),
+  ("It is sunny <", "stop", True, "It is sunny <", []),                # a stop that is not max_tokens: a lone "<" is content
 ]
 
 @pytest.mark.parametrize("text,finish_reason,parallel,content,calls", LIMITS, ids=[f"{p[1]}-{p[2]}-{p[0][:20]}" for p in LIMITS])
@@ -101,6 +105,14 @@ def test_parser_drops_cut_off_and_later_calls(text, finish_reason, parallel, con
   for cuts in [[]] + [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]:
     reply, streamed = parse(text, cuts, "hermes", False, False, finish_reason, parallel)
     assert summary(reply) == summary(streamed) == (content, None, calls), cuts   # parse checks finish_reason
+
+@pytest.mark.parametrize("text,tool_format", [("It is <", "json"), ("It is 4 <", None), ("<tool", None)])
+def test_parser_keeps_text_cut_where_no_tag_is_parsed(text, tool_format):
+  """max_tokens cut the output, but the template's tool format has no <tool_call> tag (Llama 3's JSON calls), or no tools are parsed
+  (tool_choice none): the text stays content as it is, at every chunk boundary."""
+  for cuts in [[]] + [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]:
+    reply, streamed = parse(text, cuts, tool_format, False, False, "length")
+    assert summary(reply) == summary(streamed) == (text, None, []), cuts
 
 def test_parser_holds_back_only_what_may_be_a_tag():
   parser = parser_of("hermes", True, False)
@@ -443,6 +455,19 @@ def test_required_call_cut_by_max_tokens(smollm2):
   assert finish == "length" and not message["content"] and [c.function.arguments for c in calls] == [c.function.arguments for c in whole.message.tool_calls]
   cut = smollm2.chat.completions.create(model="tiny", max_tokens=20, **kw).choices[0]
   assert cut.finish_reason == "length" and not cut.message.content and not cut.message.tool_calls
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}], ids=["required", "named"])
+def test_forced_call_cut_at_any_max_tokens_leaves_no_content(smollm2, choice):
+  """A forced call that max_tokens cuts anywhere, from its first token on: finish_reason length, content "" and no tool_calls, streamed
+  or not, as vLLM answers (its ChatMessage leaves an empty tool_calls out). SmolLM2 spells <tool_call> in several tokens: no prefix of
+  the tag ("<", "<tool", "<tool_", ...) is content (issue #61)."""
+  kw = dict(messages=[{"role": "user", "content": WEATHER_QUESTION}], tools=TOOLS, tool_choice=choice, temperature=0)
+  for max_tokens in range(1, 7):
+    whole = smollm2.chat.completions.create(model="tiny", max_tokens=max_tokens, **kw)
+    message, finish = whole.choices[0].message, whole.choices[0].finish_reason
+    assert finish == "length" and message.content == "" and message.tool_calls is None and whole.usage.completion_tokens == max_tokens, message
+    finish, message, calls = streamed(smollm2, max_tokens=max_tokens, **kw)
+    assert finish == "length" and message["content"] == "" and not calls, (max_tokens, message)
 
 # ---- real clients we did not write, on SmolLM2 (issue #54): LangChain's function calling and instructor's tools mode ----------------------
 

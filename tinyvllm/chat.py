@@ -92,8 +92,8 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
 class OutputParser:
   """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning_content, content and tool_calls. StreamRouter
   holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice ends: markup that does
-  not parse is content, but for a call max_tokens cut off, which is dropped. Llama 3's JSON form is a whole output that parses as one
-  call (its <|python_tag|> is a special token, so never in the text)."""
+  not parse is content, but for a call max_tokens cut off (its tag too), which is dropped. Llama 3's JSON form is a whole output that
+  parses as one call (its <|python_tag|> is a special token, so never in the text)."""
   def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, parallel:bool=True):
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
     self.parallel = parallel   # false: the text before the first call and that call, no more (vLLM drops the later calls)
@@ -105,14 +105,17 @@ class OutputParser:
     """An engine output of this choice as its streamed choice, or None while there is nothing to say. The last one (finish_reason) sends
     what was held, and a choice that called tools ends in "tool_calls"."""
     delta, text, final = {}, out.text, out.finish_reason is not None
+    # a Hermes call that max_tokens cut off is dropped, never content, as vLLM does: from its <tool_call> (no end tag), or from the start
+    # of that tag, "<", "<tool", ... (issue #61). Until the output is final the router holds back what may begin a tag; cut, it never is
+    cut = out.finish_reason == "length" and self.tool_format == "hermes"
     if self.json is not None:   # Llama 3: an output that starts with "{" is a call, known only at its end
       self.json, text = self.json + text, ""
       if final or self.json.strip() and not self.json.lstrip().startswith("{"):
         if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
         text, self.json = "" if call else self.json, None
-    for field, value in self.router.route(text, final): merge(delta, {field: value})
-    # a call that max_tokens cut off (no end tag) is dropped, never content, as vLLM does
-    if out.finish_reason == "length": self.router.buf = re.sub(r"<tool_call>(?!.*</tool_call>).*", "", self.router.buf, flags=re.S)
+    for field, value in self.router.route(text, final and not cut): merge(delta, {field: value})
+    # what it held (no call yet), a call with no end tag, or a tag's start after calls ("<" and letters of "tool_call" in order, at the end)
+    if cut: self.router.buf = re.sub(r"(?s)^(?!<tool_call>).*|<tool_call>(?!.*</tool_call>).*|<t?o?o?l?_?c?a?l?l?\Z", "", self.router.buf)
     # the calls, at the end
     for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S)[:None if self.parallel else 2]:
       call = part.startswith("<tool_call>") and self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))
