@@ -66,6 +66,7 @@ def parse(text:str, cuts:list[int], tool_format, reasoning, thinking, finish_rea
 def summary(message:dict) -> tuple:
   calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
   assert all(c["type"] == "function" and c["id"].startswith("call_") for c in message.get("tool_calls", []))
+  assert message.get("reasoning") == message.get("reasoning_content")   # vLLM's name and DeepSeek's, side by side
   content = message.get("content") or ""   # whitespace before a call may stream as content; the whole reply drops it
   return content if content.strip() else None, message.get("reasoning_content"), calls
 
@@ -117,12 +118,14 @@ def test_parser_keeps_text_cut_where_no_tag_is_parsed(text, tool_format):
 def test_parser_holds_back_only_what_may_be_a_tag():
   parser = parser_of("hermes", True, False)
   assert parser.feed(CompletionOutput(0, "<th", [])) is None   # nothing to say yet
-  assert feed(parser, "ink") == {} and feed(parser, ">Hmm</th") == {"reasoning_content": "Hmm"}                         # a tag builds up
-  assert feed(parser, "e") == {"reasoning_content": "</the"} and feed(parser, "</think>Hello <th") == {"content": "Hello <th"}   # not a tag
+  assert feed(parser, "ink") == {} and feed(parser, ">Hmm</th") == {"reasoning_content": "Hmm", "reasoning": "Hmm"}     # a tag builds up
+  assert feed(parser, "e") == {"reasoning_content": "</the", "reasoning": "</the"}                                          # not a tag
+  assert feed(parser, "</think>Hello <th") == {"content": "Hello <th"}
   assert feed(parser, "\n") == {"content": "\n"} and feed(parser, "<tool_") == {} and feed(parser, "call>\n{") == {}   # a call builds up...
   assert feed(parser, '"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>') == {}                          # ...to the end
   assert feed(parser, "", "stop")["tool_calls"][0]["function"]["name"] == "get_time" and parser.finish_reason == "tool_calls"
-  assert parser.reply()["message"]["content"] == "Hello <th\n" and parser.reply()["message"]["reasoning_content"] == "Hmm</the"
+  message = parser.reply()["message"]
+  assert message["content"] == "Hello <th\n" and message["reasoning"] == message["reasoning_content"] == "Hmm</the"
 
 # ---- prompts and grammars: transformers' apply_chat_template and llguidance are the references ------------------------------------------
 
@@ -202,6 +205,19 @@ def test_reasoning_state_follows_the_prompt(base):
   with pytest.raises(ValueError, match="neither") as e: request(tok := Tokenizer(str(base.parent / "deepseek-r1-distill-qwen")), None, user | {"tools": TOOLS})
   assert e.value.param == "tools"
   assert request(tok, None, user | {"tools": TOOLS, "tool_choice": "none"})[0] == request(tok, None, user)[0]   # none: no tools, no error
+
+def test_reasoning_of_an_earlier_turn_reaches_the_template(base):
+  """Interleaved thinking: an assistant turn comes back with its reasoning under vLLM's name (reasoning) or DeepSeek's
+  (reasoning_content); Qwen3's template, which reads reasoning_content, renders either as transformers renders reasoning_content (vLLM
+  passes both names to templates; reasoning wins when both are set)."""
+  tok = Tokenizer(str(folder(base.parent / "qwen3", TEMPLATES["qwen3"])))
+  hf = transformers.AutoTokenizer.from_pretrained(str(base.parent / "qwen3"))
+  turn = lambda **reasoning: CONVERSATION[:2] + [CONVERSATION[2] | reasoning, CONVERSATION[3]]   # after the last user turn: rendered
+  reference = hf.apply_chat_template(hf_messages(turn(reasoning_content="Call it.")), tools=TOOLS, add_generation_prompt=True, return_dict=True)
+  for sent in ({"reasoning": "Call it."}, {"reasoning_content": "Call it."}, {"reasoning": "Call it.", "reasoning_content": "Other."},
+               {"reasoning": None, "reasoning_content": "Call it."}):
+    assert request(tok, None, {"messages": turn(**sent), "tools": TOOLS})[0] == list(reference["input_ids"]), sent
+  assert request(tok, None, {"messages": turn(), "tools": TOOLS})[0] != list(reference["input_ids"])   # the reasoning shows
 
 def test_llama3_forced_call_grammar_on_its_vocabulary(llama3_dir):
   """The Llama 3 JSON form, forced: llguidance on Llama 3's real 128k vocabulary accepts exactly a call of the named function."""
@@ -290,8 +306,8 @@ def valid_calls(calls, names=SCHEMAS) -> list[str]:   # each call parses and val
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
   return [call.function.name for call in calls]
 
-def streamed(client, **kw):   # a streamed reply put together: finish_reason, content, reasoning_content and the calls by index
-  message, calls, finish = {"content": "", "reasoning_content": ""}, {}, None
+def streamed(client, **kw):   # a streamed reply put together: finish_reason, content, reasoning (both names) and the calls by index
+  message, calls, finish = {"content": "", "reasoning": "", "reasoning_content": ""}, {}, None
   for chunk in client.chat.completions.create(model="tiny", stream=True, **kw):
     delta, finish = chunk.choices[0].delta, chunk.choices[0].finish_reason or finish
     for key in message: message[key] += getattr(delta, key, None) or (delta.model_extra or {}).get(key) or ""
@@ -382,16 +398,16 @@ def test_bad_tool_requests_are_400s_by_name(qwen, body, param):
 
 def test_reasoning_apart_from_content(base):
   """DeepSeek-R1's template opens <think> in the prompt; the engine is made (through a grammar) to write reasoning, </think> and the
-  answer. reasoning_content and content come apart, streamed or not; Qwen 2.5's template, which
-  knows no <think>, leaves the same text whole as content."""
+  answer. The reasoning and content come apart, streamed or not, the reasoning under vLLM's name (reasoning) and DeepSeek's
+  (reasoning_content) alike; Qwen 2.5's template, which knows no <think>, leaves the same text whole as content."""
   grammar = 'start: "Add. " </think> "\\n\\n4"'
   kw = dict(model="tiny", messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=100, extra_body={"structured_outputs": {"grammar": grammar}})
   with live_server(folder(base.parent / "deepseek-r1-distill-qwen", TEMPLATES["deepseek-r1-distill-qwen"]), eager=True) as r1:
     whole = r1.chat.completions.create(**kw).choices[0]
     assert whole.finish_reason == "stop" and whole.message.content == "\n\n4"
-    assert (getattr(whole.message, "reasoning_content", None) or whole.message.model_extra["reasoning_content"]) == "Add. "
+    assert whole.message.model_extra["reasoning"] == whole.message.model_extra["reasoning_content"] == "Add. "
     finish, message, calls = streamed(r1, **{k: v for k, v in kw.items() if k != "model"})
-    assert finish == "stop" and message == {"content": "\n\n4", "reasoning_content": "Add. "} and not calls
+    assert finish == "stop" and message == {"content": "\n\n4", "reasoning": "Add. ", "reasoning_content": "Add. "} and not calls
     with pytest.raises(openai.BadRequestError, match="neither"): r1.chat.completions.create(**kw | {"tools": TOOLS})
 
 # ---- a trained model: SmolLM2-135M-Instruct (from PyPI, see /work/shared/notes/real-chat-model.md) with Qwen 2.5's tool template -----------

@@ -1,5 +1,5 @@
 """Chat, apart from HTTP (vLLM's chat_utils, tool parsers and reasoning parsers): an OpenAI chat request -> the prompt and what the sampler
-must produce, and the model's text -> reasoning_content, content and tool_calls, as it streams. The parsers are tinygrad's own
+must produce, and the model's text -> reasoning, content and tool_calls, as it streams. The parsers are tinygrad's own
 (tinygrad.llm.serve): StreamRouter splits <think> and <tool_call> regions as text streams in, holding back a tag split across pieces, and
 parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
 
@@ -25,13 +25,16 @@ def merge(message:dict, delta:dict): message.update({key: message.get(key, value
 
 def checked_messages(messages) -> list[dict]:
   """OpenAI's messages: content is a string or text parts, or null (as "") beside an assistant's tool calls, whose arguments (a JSON string
-  from clients) become the dicts chat templates expect, as vLLM does. Their results come back as role "tool" messages."""
+  from clients) become the dicts chat templates expect, as vLLM does. Their results come back as role "tool" messages. An earlier turn's
+  reasoning (interleaved thinking), sent under vLLM's name `reasoning` or DeepSeek's `reasoning_content`, reaches the template under
+  both, as vLLM passes it (Qwen3's template reads reasoning_content)."""
   text = lambda c: c is None or isinstance(c, str) or isinstance(c, list) and all(p["type"] == "text" and isinstance(p["text"], str) for p in c)
   call = lambda c: isinstance(c["function"]["name"], str) and isinstance(a := c["function"]["arguments"], dict) and json_size(a) <= MAX_VALUES
+  thought = lambda m, both=("reasoning", "reasoning_content"): {k: m[n] for n in both[::-1] if m.get(n) is not None for k in both}
   # a message of the wrong shape falls through to the error, as do arguments sent as JSON text too deep for json.loads itself
   with contextlib.suppress(TypeError, KeyError, AttributeError, RecursionError):
     if messages and all(isinstance(m["role"], str) and text(m.get("content")) for m in messages):   # contents before any copy or template
-      normalize_messages(messages := copy.deepcopy(messages))   # in place, and the request stays as it came
+      normalize_messages(messages := [m | thought(m) for m in copy.deepcopy(messages)])   # in place; the request stays as it came
       if all(call(c) for m in messages for c in m.get("tool_calls") or []): return [m | {"content": m.get("content") or ""} for m in messages]
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
 
@@ -90,10 +93,10 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
   return start + 'tool_call' + '+' * parallel + f'\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")} "\\n"?'
 
 class OutputParser:
-  """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning_content, content and tool_calls. StreamRouter
-  holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice ends: markup that does
-  not parse is content, but for a call max_tokens cut off (its tag too), which is dropped. Llama 3's JSON form is a whole output that
-  parses as one call (its <|python_tag|> is a special token, so never in the text)."""
+  """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning (also as reasoning_content), content and
+  tool_calls. StreamRouter holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice
+  ends: markup that does not parse is content, but for a call max_tokens cut off (its tag too), which is dropped. Llama 3's JSON form is
+  a whole output that parses as one call (its <|python_tag|> is a special token, so never in the text)."""
   def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, parallel:bool=True):
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
     self.parallel = parallel   # false: the text before the first call and that call, no more (vLLM drops the later calls)
@@ -113,7 +116,9 @@ class OutputParser:
       if final or self.json.strip() and not self.json.lstrip().startswith("{"):
         if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
         text, self.json = "" if call else self.json, None
-    for field, value in self.router.route(text, final and not cut): merge(delta, {field: value})
+    # reasoning_content is sent as reasoning too: vLLM's name (since its pull request 27752), which its clients read; DeepSeek's clients
+    # read reasoning_content
+    for key, value in self.router.route(text, final and not cut): merge(delta, {key: value, key.removesuffix("_content"): value})
     # what it held (no call yet), a call with no end tag, or a tag's start after calls ("<" and letters of "tool_call" in order, at the end)
     if cut: self.router.buf = re.sub(r"(?s)^(?!<tool_call>).*|<tool_call>(?!.*</tool_call>).*|<t?o?o?l?_?c?a?l?l?\Z", "", self.router.buf)
     # the calls, at the end
