@@ -384,7 +384,8 @@ def test_auto_tool_calls_and_markup_through_the_engine(qwen):
   ({"tools": TOOLS + TOOLS[:1]}, "tools"), ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools"),
   ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"), ({"tool_choice": "required"}, "tool_choice"),
   ({"tools": TOOLS, "tool_choice": "any"}, "tool_choice"), ({"tools": TOOLS, "tool_choice": {"function": [1]}}, "tool_choice"),
-  ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+  # as vLLM's validators: json/regex/choice structured outputs may not constrain a named call
+  ({"tools": TOOLS, "tool_choice": {"function": {"name": "get_time"}}, "structured_outputs": {"json": CLOCK}}, "structured_outputs"),
   ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}], "tool_choice": "required"}, "tools"),
   ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"), ({"chat_template_kwargs": []}, "chat_template_kwargs"),
   ({"messages": USER + [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]}, "messages"),
@@ -484,6 +485,20 @@ def test_forced_call_cut_at_any_max_tokens_leaves_no_content(smollm2, choice):
     assert finish == "length" and message.content == "" and message.tool_calls is None and whole.usage.completion_tokens == max_tokens, message
     finish, message, calls = streamed(smollm2, max_tokens=max_tokens, **kw)
     assert finish == "length" and message["content"] == "" and not calls, (max_tokens, message)
+
+def test_forced_call_overrides_the_response_format(smollm2):
+  """vLLM: a forced call is the whole reply, so its grammar replaces response_format and structured_outputs (they have nothing left to
+  constrain); the reply is the call, finish_reason tool_calls. (json, regex or choice structured outputs beside a named function are a
+  400: test_bad_tool_requests_are_400s_by_name.)"""
+  kw = dict(model="tiny", messages=[{"role": "user", "content": WEATHER_QUESTION}], tools=TOOLS, temperature=0, max_tokens=60)
+  named = {"type": "function", "function": {"name": "get_weather"}}
+  schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}}
+  for choice, constraint in [("required", {"response_format": {"type": "json_object"}}), (named, {"response_format": schema}),
+                             ("required", {"extra_body": {"structured_outputs": {"regex": "[0-9]+"}}}),
+                             (named, {"extra_body": {"structured_outputs": {"grammar": 'start: "4"'}}})]:
+    reply = smollm2.chat.completions.create(tool_choice=choice, parallel_tool_calls=False, **kw, **constraint).choices[0]
+    assert reply.finish_reason == "tool_calls" and valid_calls(reply.message.tool_calls) == ["get_weather"], (choice, constraint)
+    assert json.loads(reply.message.tool_calls[0].function.arguments)["city"] == "Paris"
 
 # ---- real clients we did not write, on SmolLM2 (issue #54): LangChain's function calling and instructor's tools mode ----------------------
 

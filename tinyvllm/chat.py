@@ -68,10 +68,12 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   parallel = body.get("parallel_tool_calls") is not False
   kind = (fmt := body.get("response_format") or {"type": "text"}).get("type")
   if kind not in ("text", "json_object", "json_schema"): raise ParamError("response_format", "type must be text, json_object or json_schema")
-  if forced and (structured or kind != "text"): raise ParamError("tool_choice", "cannot force a tool call and a response format at once")
+  # a forced call is the whole reply: its grammar replaces response_format and structured_outputs, as vLLM's does; vLLM refuses these
+  # structured outputs beside a named function
+  if named and {"json", "regex", "choice"} & set(structured or {}): raise ParamError("structured_outputs", "cannot constrain a named tool call")
   try:   # OpenAI's response_format as vLLM's structured outputs
-    if kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
     if forced: structured = {"grammar": tool_grammar(tokenizer, tool_format, forced, thinking, parallel=parallel and not named)}
+    elif kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
     matcher = structured and compile_grammar(structured, grammar_tokenizer)
   except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
     raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
