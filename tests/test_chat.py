@@ -384,7 +384,9 @@ def test_auto_tool_calls_and_markup_through_the_engine(qwen):
   ({"tools": TOOLS + TOOLS[:1]}, "tools"), ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools"),
   ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"), ({"tool_choice": "required"}, "tool_choice"),
   ({"tools": TOOLS, "tool_choice": "any"}, "tool_choice"), ({"tools": TOOLS, "tool_choice": {"function": [1]}}, "tool_choice"),
-  # as vLLM's validators: json/regex/choice structured outputs may not constrain a named call
+  # as vLLM's validators: {} is no tool_choice, auto needs tools, tools: [] is refused, and json/regex/choice structured outputs may not
+  # constrain a named call
+  ({"tools": TOOLS, "tool_choice": {}}, "tool_choice"), ({"tool_choice": "auto"}, "tool_choice"), ({"tools": []}, "tools"),
   ({"tools": TOOLS, "tool_choice": {"function": {"name": "get_time"}}, "structured_outputs": {"json": CLOCK}}, "structured_outputs"),
   ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}], "tool_choice": "required"}, "tools"),
   ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"), ({"chat_template_kwargs": []}, "chat_template_kwargs"),

@@ -44,14 +44,15 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   OutputParser of its one choice; and that output's grammar, compiled here, once (the engine takes this matcher as it is), so that a bad
   one is a 400 before any stream and the compile runs off the engine thread."""
   tool_format = "hermes" if "<tool_call>" in (template := tokenizer.chat_template_text) else "json" if '"parameters"' in template else None
-  tools, choice, template_kwargs = body.get("tools") or [], body.get("tool_choice") or "auto", body.get("chat_template_kwargs") or {}
+  tools, choice, template_kwargs = body.get("tools"), body.get("tool_choice"), body.get("chat_template_kwargs") or {}
   try: schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools if t["type"] == "function"}
-  except (TypeError, KeyError, AttributeError): schemas = {}
-  if len(schemas) != len(tools) or not all(isinstance(name, str) and isinstance(s, dict) for name, s in schemas.items()):
-    raise ParamError("tools", "must be a list of {'type': 'function', 'function': {'name': str, 'parameters': JSON schema}}, names distinct")
+  except (TypeError, KeyError, AttributeError): schemas = {}   # tools left out (None) too
+  # as OpenAI and vLLM: tools: [] is refused (no tools is tools left out), and tool_choice other than none needs tools; null is auto
+  if tools is not None and not (0 < len(schemas) == len(tools) and all(isinstance(n, str) and isinstance(s, dict) for n, s in schemas.items())):
+    raise ParamError("tools", "are 1+ {'type': 'function', 'function': {'name': str, 'parameters': schema}}, names distinct")
   named = choice["function"].get("name") if isinstance(choice, dict) and isinstance(choice.get("function"), dict) else None
-  if not (choice in ("none", "auto") or choice == "required" and tools or isinstance(named, str) and named in schemas):
-    raise ParamError("tool_choice", "must be none, auto, required (with tools) or {'type': 'function', 'function': {'name': one of the tools}}")
+  if not (choice in (None, "none") or tools and choice in ("auto", "required") or isinstance(named, str) and named in schemas):
+    raise ParamError("tool_choice", "must be none, or (with tools) auto, required or {'function': {'name': one of the tools}}")
   if (calls := bool(tools) and choice != "none") and tool_format is None:
     raise ParamError("tools", "need a chat template with Hermes <tool_call> tags or Llama 3's JSON calls; this model's has neither")
   if own := {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"} & set(template_kwargs):
