@@ -413,7 +413,7 @@ def test_reasoning_apart_from_content(base):
     assert finish == "stop" and message == {"content": "\n\n4", "reasoning": "Add. ", "reasoning_content": "Add. "} and not calls
     with pytest.raises(openai.BadRequestError, match="neither"): r1.chat.completions.create(**kw | {"tools": TOOLS})
 
-# ---- a trained model: SmolLM2-135M-Instruct (from PyPI, see /work/shared/notes/real-chat-model.md) with Qwen 2.5's tool template -----------
+# ---- a trained model: SmolLM2-135M-Instruct (from PyPI, built as scripts/smollm2.py builds it) with Qwen 2.5's tool template ---------------
 
 SMOLLM2 = pathlib.Path(os.environ.get("TINYVLLM_TEST_CACHE", pathlib.Path.home() / ".cache" / "tinyvllm-tests")) / "smollm2-135m-instruct-qwen-tools"
 
