@@ -2,7 +2,7 @@
 launches the model (model.py, attention.py over the KV pool it owns) and the sampler (sampler.py) as captured TinyJit graphs, and
 reads the sampled tokens back once the step has run. Everything on the device goes through it; it also keeps tinygrad's compile caches
 across start-ups."""
-import ctypes, functools, itertools, typing, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
+import ctypes, functools, itertools, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
 import tinygrad.runtime.autogen.cuda as cuda   # tinygrad internals: its CUDA bindings
@@ -103,7 +103,6 @@ class ModelRunner:
     # device's buffer. overlap: on one CUDA GPU the tokens come down into page-locked host memory of their own as their step ends, an event
     # marking it (see download), so reading them waits for that step alone; elsewhere a read waits for every step launched
     self.sampled = Tensor.zeros(self.max_rows, dtype=dtypes.int32).contiguous().to(self.devices).realize()
-    self.sampled_buffer = getattr(self.sampled.uop.buffer, "bufs", [self.sampled.uop.buffer])[0]
     self.host_tokens, self.event, self.overlap = np.zeros(self.max_rows, np.int32), cuda.CUevent(), self.device == "CUDA" and tp == 1
     if self.overlap:
       cuda.cuMemHostRegister_v2(self.host_tokens.ctypes.data, self.host_tokens.nbytes, 0)
@@ -216,16 +215,16 @@ class ModelRunner:
   def read(self, num_rows:int) -> list[int]:
     """The tokens of the step last downloaded, once it has run (without overlap: once every step launched has run)."""
     if self.overlap: cuda.cuEventSynchronize(self.event)
-    return (self.host_tokens if self.overlap else self.sampled_buffer.numpy())[:num_rows].tolist()
+    return (self.host_tokens if self.overlap else getattr(self.sampled.uop.buffer, "bufs", [self.sampled.uop.buffer])[0].numpy())[:num_rows].tolist()
 
   def download(self, num_rows:int):
     """With overlap: queue the copy of the last step's tokens to the host and the event that marks their arrival, once the host has read
     the step before (tinygrad internals: its host-to-device copies stage through page-locked memory that it frees only as it
     synchronizes, which async steps never do: every 64 steps, it does)."""
     if not self.overlap: return
-    cuda.cuMemcpyDtoHAsync_v2(self.host_tokens.ctypes.data, self.sampled_buffer._buf, 4 * num_rows, None)
+    cuda.cuMemcpyDtoHAsync_v2(self.host_tokens.ctypes.data, self.sampled.uop.buffer._buf, 4 * num_rows, None)
     cuda.cuEventRecord(self.event, None)
-    if len(self.sampled_buffer.allocator.dev.pending_copyin) > 64: self.sampled_buffer.allocator.dev.synchronize_system()
+    if len(Device[self.device].pending_copyin) > 64: Device[self.device].synchronize()
 
   def grammar_masks(self, sampling:list[Sequence], num_rows:int) -> Tensor:
     """Each sampling row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""

@@ -92,12 +92,11 @@ class OpenAIServer:
     prompt, params, body, parser, matcher = await asyncio.to_thread(self.parse, raw)
     # vLLM's /v1/chat/completions/render: the prompt's token ids alone, what vllm-router's cache_aware policy routes by (issue #56)
     if request.url.path.endswith("/render"): return JSONResponse({"token_ids": prompt})
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": self.model}
     usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt)}   # so far: choices() counts the tokens in
     async def choices():   # one path for both responses: each engine output as its choice's delta, through chat.py's parser
       try:
-        async with contextlib.aclosing(self.llm.generate(prompt, params, request_id, matcher)) as outputs:
+        async with contextlib.aclosing(self.llm.generate(prompt, params, head["id"], matcher)) as outputs:
           async for out in outputs:
             for key in ("completion_tokens", "total_tokens"): usage[key] += len(out.outputs[0].token_ids)
             # None while the choice has nothing to say: text can lag tokens (partial UTF-8, held-back stop strings and tags)
