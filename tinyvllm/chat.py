@@ -104,8 +104,7 @@ class OutputParser:
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
     self.parallel = parallel   # false: the text before the first call and that call, no more (vLLM drops the later calls)
     if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
-    self.calls, self.finish_reason, self.stop_reason = 0, None, None
-    self.message = {"role": "assistant", "content": ""}
+    self.calls, self.finish_reason, self.stop_reason, self.message = 0, None, None, {"role": "assistant", "content": ""}
 
   def feed(self, out) -> dict | None:
     """An engine output of this choice as its streamed choice, or None while there is nothing to say. The last one (finish_reason) sends

@@ -56,8 +56,7 @@ class LLMEngine:
     if (request_id := request_id or uuid.uuid4().hex) in self.requests: raise ValueError(f"request id {request_id!r} is already running")
     # the step buffer carries 31 bits of the seed
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31)
-    seq = Sequence(request_id, ids, params, seed & 0x7fffffff)
-    seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), matcher
+    seq = Sequence(request_id, ids, params, seed & 0x7fffffff, self.tokenizer.detokenizer(ids), matcher)
     self.requests[request_id] = seq; self.scheduler.waiting.append(seq); return request_id
 
   def abort(self, request_id:str):

@@ -119,8 +119,7 @@ class ModelRunner:
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
     # server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers are both in, so no step
     # waits for a capture, and the token budget is the largest such bucket yet. Units are (tokens, filtered)
-    units = [(n, f) for n in buckets for f in (0, 1)]
-    first = [(n, f) for n in (1, min(64, top)) for f in (0, 1)]
+    units, first = [(n, f) for n in buckets for f in (0, 1)], [(n, f) for n in (1, min(64, top)) for f in (0, 1)]
     self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
     while self.pending and self.pending[0] in first: self.capture_next()
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.cache_key} ready", STORED_CACHES)
