@@ -1,31 +1,36 @@
 #!/bin/bash
-# Issue #56's GPU figures: tinyvllm replicas behind vllm-router on two GPUs, Llama-3.2-1B shape (dummy weights), default engine flags.
-#  a. one replica direct (CUDA_VISIBLE_DEVICES=0): output tok/s at $STREAMS streams (one client process, then $CLIENTS processes of
-#     $STREAMS/$CLIENTS streams at once, in case one Python client is the bottleneck), TTFT p50 at concurrency 1
+# Issue #61's GPU figures (after #56's): tinyvllm replicas behind vllm-router on two GPUs, Llama-3.2-1B shape (dummy weights), default
+# engine flags, serve_replicas.py's router (cache_aware with its thresholds); every client is ONE bench_serving.py / bench_prefix.py process.
+#  a. one replica direct (CUDA_VISIBLE_DEVICES=0): output tok/s at $STREAMS streams, TTFT p50 at concurrency 1
 #  b. two replicas (scripts/serve_replicas.py --gpus 0 1) behind vllm-router: cache_aware on :8000 (serve_replicas' router), round_robin
-#     on :8001 (a second router in front of the same replicas): the same figures through :8000; TTFT p50 at concurrency 1 alternated
-#     between replica 0 direct, :8000 and :8001, twice, in the same run
+#     on :8001 (a second router in front of the same replicas): output tok/s at $STREAMS streams through :8000, then $STREAMS8 streams,
+#     and the requests the router sent each replica in each (its Prometheus counts); TTFT p50 at concurrency 1 alternated between
+#     replica 0 direct, :8000 and :8001, twice, in the same run
 #  c. scripts/bench_prefix.py, $USERS users x $SYS_TOKENS-word system prompts x $TURNS turns, through cache_aware (seed 1), then
 #     round_robin (seed 2: other prompts, so the first run's cache gives the second no hits): hit rates per replica and summed
-#  d. SIGKILL replica 1 while $KILL_CONC streams run through :8000 (the router's default flags): failures, later answers, and when the
-#     router stopped sending it work (the victim's samples in the router's Prometheus metrics)
-# From the repo root, on a machine with two GPUs and `pip install vllm-router`:  bash scripts/bench_router.sh   (logs: $OUT/logs.tgz,
-# default /tmp/out). The device machines here have no network: wheels in .whl/ (tinygrad, llguidance, starlette, uvicorn) and
-# .whl-router/ (vllm-router, and httpx where it is missing) are installed into $SITE when those folders exist
+#  d. only with KILL=1: SIGKILL replica 1 while $KILL_CONC streams run through :8000: failures, later answers, and when the router
+#     stopped sending it work (the victim's samples in the router's Prometheus metrics)
+#  CLIENTS=N (N > 1) also measures a. and b. at $STREAMS streams with N client processes at once (one Python client may be the bottleneck)
+# The last lines are a summary table against #61's targets. From the repo root, on a machine with two GPUs and `pip install vllm-router`:
+# bash scripts/bench_router.sh   (logs: $OUT/logs.tgz, default /tmp/out). The device machines here have no network: wheels in .whl/
+# (tinygrad, llguidance, starlette, uvicorn) and .whl-router/ (vllm-router, and httpx where it is missing) are installed into $SITE when
+# those folders exist.
 # CPU smoke (bundled model, small sizes):
-#   DEV=CPU CONFIG= SITE=/tmp/site-smoke OUT=/tmp/out-smoke STREAMS=8 NUM_PROMPTS=16 OUTPUT_LEN=16 INPUT_WORDS=30 TTFT_PROMPTS=8 \
-#   USERS=2 SYS_TOKENS=40 TURNS=3 MAX_TOKENS=8 KILL_CONC=4 KILL_AT=6 KILL_END=15 KILL_TOKENS=32 BUDGET=1500 bash scripts/bench_router.sh
+#   DEV=CPU CONFIG= SITE=/tmp/site-smoke OUT=/tmp/out-smoke STREAMS=8 NUM_PROMPTS=16 STREAMS8=4 NUM_PROMPTS8=8 OUTPUT_LEN=16 \
+#   INPUT_WORDS=30 TTFT_PROMPTS=8 USERS=2 SYS_TOKENS=40 TURNS=3 MAX_TOKENS=8 KILL=1 KILL_CONC=4 KILL_AT=6 KILL_END=15 KILL_TOKENS=32 \
+#   BUDGET=1500 bash scripts/bench_router.sh
 unset PYTHONDONTWRITEBYTECODE; export PIP_ROOT_USER_ACTION=ignore
-SITE=${SITE:-/tmp/site} FINAL=${OUT:-/tmp/out}; OUT=/tmp/elog; mkdir -p $OUT $FINAL   # logs: one tarball in $FINAL at the end
+SITE=${SITE:-/tmp/site} FINAL=${OUT:-/tmp/out}; OUT=$(mktemp -d /tmp/elog.XXXX); mkdir -p $FINAL   # logs: one tarball in $FINAL at the end
 export PYTHONFAULTHANDLER=1   # a SIGABRT dumps every thread (a server that does not exit on SIGTERM)
 [ ! -d .whl ] || python3 -m pip install -q --no-index --no-deps --upgrade --target $SITE .whl/*.whl || exit 1
 export PYTHONPATH=$SITE:$PWD
 export DEV=${DEV:-CUDA} PYTHONUNBUFFERED=1
 CONFIG=${CONFIG-llama-3.2-1b} GPUS=${GPUS:-0 1} BUDGET=${BUDGET:-540}   # seconds for the whole script: a step's timeout is what is left
-STREAMS=${STREAMS:-64} CLIENTS=${CLIENTS:-2} NUM_PROMPTS=${NUM_PROMPTS:-320} OUTPUT_LEN=${OUTPUT_LEN:-256} INPUT_WORDS=${INPUT_WORDS:-100}
+STREAMS=${STREAMS:-64} CLIENTS=${CLIENTS:-1} NUM_PROMPTS=${NUM_PROMPTS:-320} OUTPUT_LEN=${OUTPUT_LEN:-256} INPUT_WORDS=${INPUT_WORDS:-100}
+STREAMS8=${STREAMS8:-8} NUM_PROMPTS8=${NUM_PROMPTS8:-64}
 TTFT_PROMPTS=${TTFT_PROMPTS:-100} TTFT_OUTPUT_LEN=${TTFT_OUTPUT_LEN:-16}
 USERS=${USERS:-8} SYS_TOKENS=${SYS_TOKENS:-2000} TURNS=${TURNS:-8} MAX_TOKENS=${MAX_TOKENS:-32}
-KILL_CONC=${KILL_CONC:-32} KILL_AT=${KILL_AT:-8} KILL_END=${KILL_END:-30} KILL_TOKENS=${KILL_TOKENS:-128}
+KILL=${KILL:-0} KILL_CONC=${KILL_CONC:-32} KILL_AT=${KILL_AT:-8} KILL_END=${KILL_END:-30} KILL_TOKENS=${KILL_TOKENS:-128}
 say() { echo "=== $(date +%T) +${SECONDS}s $*"; }
 cap() { local left=$((BUDGET - SECONDS)); echo $(($1 < left ? $1 : (left > 3 ? left : 3))); }   # a step's timeout: at most what is left
 nvidia-smi -L 2>/dev/null; python3 -V
@@ -139,17 +144,27 @@ bs() {   # NAME URL ARGS...: one bench_serving.py run, its log in $OUT/NAME.log
   { time timeout $(cap 150) python3 scripts/bench_serving.py --url $url --input-words $INPUT_WORDS "$@"; } > $OUT/$name.log 2>&1
   echo "$name: rc=$? $(grep -hE '^SUMMARY|ok, .* failed|^client: wall' $OUT/$name.log | sed 's/^SUMMARY | serving | //' | tr '\n' ' ')"
 }
-tput() {   # NAME URL: output tok/s at $STREAMS streams: one client process, then $CLIENTS processes of $STREAMS/$CLIENTS streams at once
+tput() {   # NAME URL: output tok/s at $STREAMS streams, one client process; with CLIENTS > 1, then $CLIENTS processes of $STREAMS/$CLIENTS
   bs $1 $2 --concurrency $STREAMS --num-prompts $NUM_PROMPTS --output-len $OUTPUT_LEN
+  [ "$CLIENTS" -gt 1 ] || return 0
   local pids=() k
   for k in $(seq 1 $CLIENTS); do
-    bs $1-x$CLIENTS-$k $2 --concurrency $((STREAMS / CLIENTS)) --num-prompts $((NUM_PROMPTS / CLIENTS)) --output-len $OUTPUT_LEN --seed $k & pids+=($!)
+    bs $1-x$CLIENTS-$k $2 --concurrency $((STREAMS / CLIENTS)) --num-prompts $((NUM_PROMPTS / CLIENTS)) --output-len $OUTPUT_LEN \
+      --seed $k & pids+=($!)
   done
   wait ${pids[@]}
 }
 ttft() { bs $1 $2 --concurrency 1 --num-prompts $TTFT_PROMPTS --output-len $TTFT_OUTPUT_LEN; }
-routed() { python3 -c "import re, sys, urllib.request; t = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
-print('router: requests per replica so far', re.findall(r'^vllm_router_processed_requests_total\{worker=\"(\S+)\"\} (\S+)', t, re.M))" $1; }
+routed() {   # PROMETHEUS_URL: the requests the router has sent replica 0 and replica 1 so far
+  python3 -c "import re, sys, urllib.request; t = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
+print(*(int(sum(float(v) for v in re.findall(r'^vllm_router_processed_requests_total\{worker=\"http://127.0.0.1:%d\"\} (\S+)' % p, t, re.M)))
+        for p in (8100, 8101)))" $1
+}
+per_replica() {   # NAME COMMAND...: COMMAND, and the requests :8000 sent each replica meanwhile (warm-up rounds too), in $OUT/split-NAME.txt
+  local name=$1 before; shift; before=$(routed http://127.0.0.1:29000/metrics); "$@"
+  echo "$before $(routed http://127.0.0.1:29000/metrics)" > $OUT/split-$name.txt
+  echo "requests per replica: $(awk '{print $3 - $1, $4 - $2}' $OUT/split-$name.txt)"
+}
 
 say "a. one replica direct, CUDA_VISIBLE_DEVICES=0 (on a fresh machine this start compiles every graph: ~3 min on an H100)"
 CUDA_VISIBLE_DEVICES=0 python3 -m tinyvllm.serve $MODEL_ARGS --device $DEV --port 8100 > $OUT/a-server.log 2>&1 & APID=$!
@@ -165,7 +180,7 @@ stop() {   # PID NAME: SIGTERM, and how long the exit takes; after 15 s a SIGABR
 }
 stop $APID "replica alone"; APID=; grep -A30 -E "Fatal Python error|Thread 0x|Current thread" $OUT/a-server.log | head -60 | cut -c1-200
 
-say "b. two replicas (--gpus $GPUS) behind vllm-router: cache_aware :8000, round_robin :8001"
+say "b. two replicas (--gpus $GPUS) behind vllm-router: cache_aware :8000 (serve_replicas.py's flags), round_robin :8001"
 timeout $(cap 420) python3 scripts/serve_replicas.py --gpus $GPUS --device $DEV $MODEL_ARGS --policy cache_aware \
   --router-args "--prometheus-port 29000" --log-dir $OUT/cluster > $OUT/cluster.log 2>&1 & CPID=$!
 waitfor $(cap 240) $CPID "^ready on" $OUT/cluster.log && waitfor $(cap 120) $CPID "$CAPTURED" $OUT/cluster/replica-{0,1}.log
@@ -177,7 +192,8 @@ for _ in range(100):
   try: urllib.request.urlopen('http://127.0.0.1:8001/health', timeout=2); break
   except OSError: time.sleep(0.3)"; tail -2 $OUT/router-rr.log | cut -c1-200
 say "measuring"
-tput b-tput http://127.0.0.1:8000; routed http://127.0.0.1:29000/metrics
+per_replica streams tput b-tput http://127.0.0.1:8000
+per_replica streams8 bs b-tput8 http://127.0.0.1:8000 --concurrency $STREAMS8 --num-prompts $NUM_PROMPTS8 --output-len $OUTPUT_LEN
 for r in 1 2; do ttft ttft-direct-$r http://127.0.0.1:8100; ttft ttft-ca-$r http://127.0.0.1:8000; ttft ttft-rr-$r http://127.0.0.1:8001; done
 
 say "c. prefix-cache hit rate: $USERS users x $SYS_TOKENS-word system prompts x $TURNS turns"
@@ -188,33 +204,50 @@ for p in "ca 8000 29000 1 cache_aware" "rr 8001 29001 2 round_robin"; do set -- 
 done
 kill -TERM $RPID; wait $RPID; RPID=
 
+if [ "$KILL" = 1 ]; then
 say "d. SIGKILL replica 1 under load: $KILL_CONC streams through :8000, killed at ${KILL_AT} s of ${KILL_END} s"
 VICTIM=$(sed -n 's/^replica 1: pid \([0-9]*\).*/\1/p' $OUT/cluster.log)
 timeout $(cap $((KILL_END + 60))) python3 $OUT/kill_under_load.py http://127.0.0.1:8000 http://127.0.0.1:29000/metrics http://127.0.0.1:8101 \
   $VICTIM $KILL_CONC $KILL_AT $KILL_END $KILL_TOKENS > $OUT/kill.log 2>&1; echo "rc=$?"; tail -3 $OUT/kill.log | cut -c1-700
-routed http://127.0.0.1:29000/metrics
+echo "router: requests per replica so far $(routed http://127.0.0.1:29000/metrics)"
+fi
 t=$SECONDS; kill -TERM $CPID; wait $CPID; echo "serve_replicas.py stopped: rc=$? after $((SECONDS - t)) s"; CPID=
 grep -ciE "traceback" $OUT/*.log $OUT/cluster/*.log | grep -v ":0$"
 
 say "summary"
 trap - EXIT; tar czf $FINAL/logs.tgz -C $OUT . && echo "logs: logs.tgz"
-OUT=$OUT STREAMS=$STREAMS CLIENTS=$CLIENTS python3 - <<'PY'
+OUT=$OUT STREAMS=$STREAMS STREAMS8=$STREAMS8 CLIENTS=$CLIENTS python3 - <<'PY'
 import glob, json, os, re
-out, s, k = os.environ["OUT"], os.environ["STREAMS"], os.environ["CLIENTS"]
+out, s, s8, k = os.environ["OUT"], os.environ["STREAMS"], os.environ["STREAMS8"], int(os.environ["CLIENTS"])
 grab = lambda name, pat: [float(m[1]) for f in sorted(glob.glob(f"{out}/{name}.log")) for m in re.finditer(pat, open(f).read())]
 tok = lambda name: sum(grab(name, r"SUMMARY .*\| ([\d.]+) out tok/s"))
 p50 = lambda name: grab(name, r"SUMMARY .*TTFT p50 ([\d.]+) ms")
 mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-for label, a, b in [(f"{s} streams, one client", "a-tput", "b-tput"), (f"{s} streams, {k} clients", f"a-tput-x{k}-*", f"b-tput-x{k}-*")]:
-  print(f"output tok/s at {label}: 1 replica direct {tok(a):.1f}, 2 replicas behind cache_aware {tok(b):.1f}: {tok(b) / max(tok(a), 1e-9):.2f}x")
-d, ca, rr = p50("ttft-direct-*"), p50("ttft-ca-*"), p50("ttft-rr-*")
-print(f"TTFT p50 at concurrency 1: replica alone (a) {p50('a-ttft')} ms; same run: replica 0 direct {d}, cache_aware {ca}, round_robin {rr} ms: "
-      f"the router adds {mean(ca) - mean(d):+.1f} ms (cache_aware), {mean(rr) - mean(d):+.1f} ms (round_robin)")
-for p in ("ca", "rr"):
+def split(n):
+  try: b0, b1, a0, a1 = map(int, open(f"{out}/split-{n}.txt").read().split())
+  except Exception as e: return f"no counts ({e})"
+  r = [a0 - b0, a1 - b1]
+  return f"{r[0]} / {r[1]} ({r[0] / max(1, sum(r)):.0%} / {r[1] / max(1, sum(r)):.0%})"
+def prefix(p):
   try: j = json.loads(open(f"{out}/prefix-{p}.log").read().strip().splitlines()[-1])
-  except Exception as e: print(f"prefix {p}: no summary ({e})"); continue
-  print(f"prefix {j['label']}: hit rate {j['hit_rate']:.1%} summed (best possible {j['best_rate']:.1%}, turns 2+ ~{j['later_turns_rate']:.1%}); per replica hits {j['hits']} / "
-        f"queries {j['queries']}, requests {j['requests']}; {j['ok']} ok, {j['failed']} failed; first prompts {j['first_prompt_tokens_mean']} tokens")
+  except Exception as e: return f"no summary ({e})"
+  return f"{j['hit_rate']:.1%} (best possible {j['best_rate']:.1%}; {j['ok']} ok, {j['failed']} failed; requests {j['requests']})"
+log = open(f"{out}/cluster.log").read().splitlines() if os.path.exists(f"{out}/cluster.log") else []
+flags = [l.split("(", 1)[1].rstrip(")") for l in log if l.startswith("router: pid")]
 kill = [l for l in open(f"{out}/kill.log").read().splitlines() if l.startswith("KILL ")] if os.path.exists(f"{out}/kill.log") else []
-print(kill[-1] if kill else "kill: no result")
+if kill: print(kill[-1])
+a, b = tok("a-tput"), tok("b-tput")
+d, ca, rr = p50("ttft-direct-*"), p50("ttft-ca-*"), p50("ttft-rr-*")
+print(f"router :8000: {flags[0] if flags else '?'}")
+print("| figure | 1 replica direct | 2 replicas, cache_aware (:8000) | ratio / difference | target |")
+print("|---|---|---|---|---|")
+print(f"| output tok/s, {s} streams, one client | {a:.1f} | {b:.1f} | {b / max(a, 1e-9):.2f}x | >= 1.5x |")
+if k > 1: print(f"| same, {k} clients at once | {tok(f'a-tput-x{k}-*'):.1f} | {tok(f'b-tput-x{k}-*'):.1f} | "
+                f"{tok(f'b-tput-x{k}-*') / max(tok(f'a-tput-x{k}-*'), 1e-9):.2f}x | |")
+print(f"| requests per replica, {s8} streams | | {split('streams8')} | | each 40-60% |")
+print(f"| requests per replica, {s} streams | | {split('streams')} | | each 40-60% |")
+print(f"| prefix hit rate, bench_prefix.py, summed over the replicas | | {prefix('ca')} | round_robin {prefix('rr')} | >= 85% |")
+print(f"| TTFT p50, 1 stream (replica 0 direct, :8000, round_robin :8001 alternated, 2 rounds) | {d} ms | {ca} ms | "
+      f"{mean(ca) - mean(d):+.1f} ms (round_robin {rr} ms: {mean(rr) - mean(d):+.1f}) | <= +2 ms |")
+print(f"(one replica alone before the cluster: TTFT p50 {p50('a-ttft')} ms)")
 PY

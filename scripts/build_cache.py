@@ -59,7 +59,10 @@ def write_shipped(db_file:str, out:str):
   """The database as the SQL the engine applies: tables created if missing, rows inserted only where cache.db lacks them."""
   with sqlite3.connect(db_file) as db, lzma.open(out, "wt", preset=9 | lzma.PRESET_EXTREME) as sql:
     for statement in db.iterdump():
-      for plain, kept in (("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS "), ("INSERT INTO ", "INSERT OR IGNORE INTO ")):
+      # BEGIN IMMEDIATE takes the write lock first, waiting for it: replicas that start at once each apply the file, and a deferred
+      # transaction that read the schema before another process wrote failed at once with "database is locked"
+      for plain, kept in (("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS "), ("INSERT INTO ", "INSERT OR IGNORE INTO "),
+                          ("BEGIN TRANSACTION;", "BEGIN IMMEDIATE;")):
         if statement.startswith(plain): statement = kept + statement[len(plain):]
       sql.write(statement + "\n")
 

@@ -43,7 +43,8 @@ if __name__ == "__main__":
   stop_fn = "postprocess" if hasattr(scheduler.Scheduler, "postprocess") else "check_stop"   # renamed in #55
   for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, runner_fn), (scheduler.Scheduler, stop_fn),
                     (block_manager.BlockManager, "commit"), (_TinyJit, "__call__"),
-                    *[(scheduler.Scheduler, name) for name in ("receive", "advance", "check_stop") if hasattr(scheduler.Scheduler, name)]]:
+                    *[(scheduler.Scheduler, name) for name in ("receive", "advance", "check_stop") if hasattr(scheduler.Scheduler, name)],
+                    *[(model_runner.ModelRunner, name) for name in ("read", "download") if hasattr(model_runner.ModelRunner, name)]]:
     setattr(cls, name, timed(getattr(cls, name), f"{cls.__name__}.{name}", acc))
   if hasattr(tokenizer.Tokenizer, "detokenizer"):   # each sequence's detokenizer (tokenizers' DecodeStream), timed per token
     detokenizer = tokenizer.Tokenizer.detokenizer
@@ -66,7 +67,7 @@ if __name__ == "__main__":
     print(f"  {key:40s} median {statistics.median(s.get(key, 0.0) for _, s in steps) * 1e3:.3f} ms/step")
   if runner_fn == "prepare" and not a.stub:
     batch = eng.scheduler.schedule()   # one more decode step of the same sequences, launched back to back
-    launch, _ = eng.runner.prepare(batch)
+    launch = eng.runner.prepare(batch)[0]
     launch().tolist()
     t = time.perf_counter()
     for _ in range(a.steps): out = launch()

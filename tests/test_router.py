@@ -32,7 +32,8 @@ def cluster(tmp_path_factory):
       assert proc.poll() is None and time.monotonic() < deadline, log(); time.sleep(0.2)
     url = f"http://127.0.0.1:{port}"
     yield types.SimpleNamespace(url=url, replicas=[types.SimpleNamespace(url=f"http://127.0.0.1:{base + i}") for i in range(2)],
-                                pids=pids()[:2], router_pid=pids()[2], proc=proc, log=log, prometheus=f"http://127.0.0.1:{prometheus}/metrics",
+                                pids=pids()[:2], router_pid=pids()[2], proc=proc, log=log, logs=logs,
+                                prometheus=f"http://127.0.0.1:{prometheus}/metrics",
                                 client=openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", timeout=60, max_retries=0))
   finally:
     if proc.poll() is None: proc.terminate()
@@ -81,9 +82,10 @@ PREFIXES = {"lily": "Lily and her dog Max went to the big park by the river ever
             "tom": "Tom built a small red boat from an old box, and he sailed it across the pond behind his house."}
 
 def test_a_shared_prefix_goes_back_to_the_replica_that_cached_it(cluster):
-  """cache_aware: a long system prompt is cached where it was first served; follow-ups that share it, sent all at once (so a router that
-  balances by load alone would split them), go back there: each replica gets exactly the prompt tokens of the prefixes it cached first,
-  and hits the cache for them."""
+  """cache_aware: a long system prompt is cached where it was first served; follow-ups that share it, sent 4 at a time (so a router that
+  balances by load alone would split them; serve_replicas.py's --balance-abs-threshold 4 keeps a prefix's replica until it has 5 more
+  requests in flight than the other), go back there: each replica gets exactly the prompt tokens of the prefixes it cached first, and
+  hits the cache for them."""
   def ask(name, question):
     messages = [{"role": "system", "content": " ".join([PREFIXES[name]] * 8)}, {"role": "user", "content": question}]
     return cluster.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2).usage.prompt_tokens
@@ -94,7 +96,7 @@ def test_a_shared_prefix_goes_back_to_the_replica_that_cached_it(cluster):
       (served[name],) = [i for i, (a, b) in enumerate(zip(counters(cluster, "vllm:prompt_tokens_total"), before)) if a - b == n]
     prompts, hits = counters(cluster, "vllm:prompt_tokens_total"), counters(cluster, "vllm:prefix_cache_hits_total")
     jobs = [(name, f"What happened on day {i}?") for i in range(6) for name in PREFIXES]
-    with ThreadPoolExecutor(len(jobs)) as pool: lengths = list(pool.map(lambda job: ask(*job), jobs, timeout=120))
+    with ThreadPoolExecutor(4) as pool: lengths = list(pool.map(lambda job: ask(*job), jobs, timeout=120))
     prompts = [a - b for a, b in zip(counters(cluster, "vllm:prompt_tokens_total"), prompts)]
     hits = [a - b for a, b in zip(counters(cluster, "vllm:prefix_cache_hits_total"), hits)]
     mine = lambda i: [n for (name, _), n in zip(jobs, lengths) if served[name] == i]   # the follow-ups whose prefix replica i cached
@@ -104,6 +106,25 @@ def test_a_shared_prefix_goes_back_to_the_replica_that_cached_it(cluster):
   # /v1/chat/completions/render); without them it routed every request to the least-loaded replica, ties to the first (issue #56)
   check()
   assert not router_counter(cluster, r'vllm_router_kv_routing_inputs_total\{.*result="render_unavailable"'), "the router got no token ids"
+
+def test_chats_through_one_template_spread_over_both_replicas(cluster):
+  """64 concurrent short chats that share one system prompt, most of each prompt (a chat template's fixed header stands in: the bundled
+  model's template adds none). cache_aware finds that prefix on the replica that served the first chat; with vllm-router's own
+  --balance-abs-threshold 64 it sent all of them there (#61). With serve_replicas.py's thresholds it balances once one replica has 5 more
+  in flight than the other, and from then on both hold the shared prefix: a chat that matches nothing more goes to the less loaded."""
+  # measured once both replicas have every step graph: until then one may run a step eagerly or wait on a capture, and the router rightly
+  # sends more to the other, the less loaded
+  captured = lambda i: re.search(r"all \d+ step graph units captured| 0 more to capture", (cluster.logs / f"replica-{i}.log").read_text())
+  deadline = time.monotonic() + 120
+  while not (captured(0) and captured(1)): assert time.monotonic() < deadline, cluster.log(); time.sleep(0.5)
+  system, before, n, max_tokens = "You are a kind storyteller who tells short stories.", counters(cluster, "vllm:generation_tokens_total"), 128, 16
+  def one(i):
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": f"{i}: what did the {('dog', 'cat', 'bird')[i % 3]} see?"}]
+    return cluster.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens, extra_body={"ignore_eos": True})
+  with ThreadPoolExecutor(64) as pool: replies = list(pool.map(one, range(n), timeout=120))
+  assert all(r.usage.completion_tokens == max_tokens for r in replies)
+  served = [after - b for after, b in zip(counters(cluster, "vllm:generation_tokens_total"), before)]
+  assert sum(served) == n * max_tokens and min(served) >= 0.25 * n * max_tokens, f"generated tokens per replica {served}"
 
 def test_a_killed_replica_is_drained(cluster):
   """SIGKILL one replica under streaming load: every stream ends (finished, or an error the client sees) in bounded time, none hangs;

@@ -4,7 +4,7 @@ renormalized mass; the draw follows the renormalized probabilities of what is ke
 gives ROWS independent draws."""
 import numpy as np, pytest
 from tinygrad import Tensor
-from tinyvllm.sampler import sample, argmax
+from tinyvllm.sampler import sample
 
 ROWS, VOCAB, TEMPERATURE = 4000, 24, 0.8
 LOGITS = np.random.default_rng(0).normal(0, 1.5, VOCAB).astype(np.float32)
@@ -42,15 +42,15 @@ def test_a_seeded_row_without_filters_draws_the_same_in_either_sampler_variant()
   tokens as in a batch that runs the plain one, so its text does not depend on its neighbours."""
   assert (draws(0.0) == draws(None)).all()
 
-@pytest.mark.parametrize("chunk", [128, 512])   # 128: the default
 @pytest.mark.parametrize("vocab", [500, 512, 1000, 151936])
-def test_the_two_pass_argmax_is_numpys(vocab, chunk):
-  """argmax reduces a row's chunks, then the chunk holding the max: the first of equal maxima must still win, across chunk borders and in
-  the padded last chunk, as numpy's (and greedy decoding's) argmax."""
+def test_greedy_is_numpys_argmax(vocab, chunk=128):
+  """Greedy rows take the two-pass argmax (a row's chunks of 128 tokens, then the chunk holding the max): the first of equal maxima must
+  still win, across chunk borders and in the padded last chunk, as numpy's (and greedy decoding's) argmax."""
   rng = np.random.default_rng(vocab)
   x = rng.integers(-3, 4, (6, vocab)).astype(np.float32)   # small integers: many ties
   x[1, :] = -np.inf   # a row with every token masked (a grammar that allows nothing) picks token 0, as numpy does
   x[2, vocab - 1] = 9.0   # the max alone in the padded last chunk
   x[3, [i for i in (chunk - 1, chunk, vocab - 1) if i < vocab]] = 9.0   # equal maxima at a chunk border and at the end: the first wins
   x[4] = rng.standard_normal(vocab).astype(np.float32)
-  assert argmax(Tensor(x), chunk).numpy().tolist() == np.argmax(x, axis=1).tolist()
+  greedy = sample(Tensor(x), Tensor.zeros(6), Tensor.arange(6, dtype="int32"), Tensor.ones(6, dtype="int32"))
+  assert greedy.numpy().tolist() == np.argmax(x, axis=1).tolist()

@@ -39,8 +39,8 @@ def test_out_of_blocks_preempts_the_newest_and_recomputes_it():
   assert [(s.request_id, n) for s, n in batch] == [("new", 13)] and bm.num_free == 6 - 4
 
 def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
-  """advance() runs right after a launch: each sampling sequence holds a placeholder, so the next step schedules its decode at once.
-  receive() puts the real token in before that step's launch reads it. A sequence the late token stops has run once more for nothing:
+  """advance() runs right after a launch: each sampling sequence holds a placeholder, -1 - its row in the step's sampled tokens (where the
+  next step's graph reads it on the device), so the next step schedules its decode at once. receive() puts the real token in. A sequence the late token stops has run once more for nothing:
   advance() skips it and its blocks are already back."""
   bm, tokenizer = BlockManager(16, 4), Tokenizer(BUNDLED_MODEL)
   sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4, max_model_len=64), bm, set())
@@ -48,8 +48,8 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   for seq in (a, b): seq.detok = tokenizer.detokenizer(seq.token_ids)
   sch.waiting.extend([a, b])
   first = sch.schedule()
-  sch.advance(first)                                   # launched: the prompts count as computed, their tokens are not known yet
-  assert a.token_ids == [1] * 6 + [-1] and (a.num_computed_tokens, b.num_computed_tokens) == (6, 3)
+  sch.advance(first, [a, b])                           # launched: the prompts count as computed, their tokens are not known yet
+  assert a.token_ids == [1] * 6 + [-1] and b.token_ids == [1] * 3 + [-2] and (a.num_computed_tokens, b.num_computed_tokens) == (6, 3)
   second = sch.schedule()                              # the decodes of the unknown tokens, scheduled before they arrive
   assert [(s.request_id, n) for s, n in second] == [("a", 1), ("b", 1)]
   kept = sch.receive([a, b], np.array([300, 301]))  # step one's tokens, before step two's launch reads them
@@ -57,6 +57,6 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   outputs = [(seq, sch.postprocess(seq, token, n)) for seq, token, n in kept]   # while step two runs: a has its one token
   assert [(seq.request_id, out.token_ids, out.finish_reason) for seq, out in outputs] == [("a", [300], "length"), ("b", [301], None)]
   assert a.status == Status.FINISHED and bm.num_free == 16 - 1
-  sch.advance(second)                                  # a ran for nothing: skipped; b holds a placeholder again
-  assert a.num_computed_tokens == 0 and b.num_computed_tokens == 4 and b.token_ids[-1] == -1
+  sch.advance(second, [a, b])                          # a ran for nothing: skipped; b holds a placeholder again (row 1)
+  assert a.num_computed_tokens == 0 and b.num_computed_tokens == 4 and b.token_ids[-1] == -2
   assert [(s.request_id, n) for s, n in sch.schedule()] == [("b", 1)] and bm.num_free == 16 - 2

@@ -151,6 +151,22 @@ def test_raw_sse_order(srv):
   assert "role" in mine[0]["delta"] and all("role" not in c["delta"] for c in mine[1:])
   assert [c["finish_reason"] is not None for c in mine] == [False] * (len(mine) - 1) + [True]
 
+def test_continuous_usage_stats(srv):
+  """vLLM's stream_options: include_usage adds a last chunk with the usage and no choices; continuous_usage_stats with it puts the usage
+  so far in every chunk too (the role chunk's counts no completion token), and alone adds nothing. The counts are the engine's own."""
+  kw = dict(model=MODEL, messages=MSGS, max_tokens=12, temperature=0)
+  prompt, (ref_ids, _) = srv.tok.encode_chat(MSGS), engine_generate(srv, srv.tok.encode_chat(MSGS), max_tokens=12, temperature=0)
+  chunks = list(srv.client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}))
+  counts = [(c.usage.prompt_tokens, c.usage.completion_tokens, c.usage.total_tokens) for c in chunks]
+  assert counts[0] == (len(prompt), 0, len(prompt)) and counts[-2] == counts[-1] == (len(prompt), len(ref_ids), len(prompt) + len(ref_ids))
+  assert [c for _, c, _ in counts] == sorted(c for _, c, _ in counts) and chunks[-1].choices == [] and chunks[-2].choices[0].finish_reason
+  for options, last in (({"continuous_usage_stats": True}, False), ({"include_usage": True}, True), ({}, False)):
+    chunks = list(srv.client.chat.completions.create(**kw, stream=True, stream_options=options))
+    assert [c.usage is not None for c in chunks] == [False] * (len(chunks) - last) + [True] * last, options
+  # stream_options needs stream true only when it says something: {} and null pass, as in vLLM; so does tool_choice none without tools
+  for body in ({"stream_options": {}}, {"stream_options": None, "tool_choice": None}, {"tool_choice": "none"}):
+    assert post(srv, {"messages": MSGS, "max_tokens": 2, **body}).status_code == 200, body
+
 def test_concurrent_matches_sequential(srv):
   prompts = [[{"role": "user", "content": f"{w} day, {i} little {a} went to the park."}]
              for i, (w, a) in enumerate((w, a) for w in ("One", "Every", "The next", "Some") for a in ("dogs", "cats", "birds", "kids", "frogs",
@@ -188,6 +204,11 @@ BAD = [  # (body or raw bytes, status, param)
   ({"stop": [""]}, 400, "stop"), ({"n": 10**6}, 400, "n"), ({"max_tokens": 10**9}, 400, "messages"),
   ({"messages": [{"role": "user", "content": "Once upon a time " * 200}]}, 400, "messages"),
   ({"model": "gpt-4"}, 404, "model"), ({"model": "gpt-4", "stream": True}, 404, "model"),
+  # vLLM's validators (ChatCompletionRequest): tools: [] is refused (OpenAI's rule too), tool_choice other than none needs tools ({} is none
+  # of its forms), stream_options needs stream true
+  ({"tools": []}, 400, "tools"), ({"tools": [], "tool_choice": "none"}, 400, "tools"), ({"tool_choice": "auto"}, 400, "tool_choice"),
+  ({"tool_choice": "required"}, 400, "tool_choice"), ({"tool_choice": {}}, 400, "tool_choice"),
+  ({"stream_options": {"include_usage": True}}, 400, "stream_options"), ({"stream_options": {"include_usage": True}, "stream": False}, 400, "stream_options"),
 ]
 
 @pytest.mark.parametrize("body,status,param", BAD, ids=[str(b)[:60] for b, *_ in BAD])
@@ -472,8 +493,8 @@ UNSUPPORTED = {  # OpenAI's and vLLM's fields that tinyvllm does not implement y
   "skip_special_tokens": False, "prompt_logprobs": 1, "allowed_token_ids": [1, 2], "bad_words": ["x"],
   "logprobs": True, "top_logprobs": 3,   # logprobs and top_logprobs: traded for tensor parallelism (README, "Not supported, and why")
   "stop_token_ids": [2], "include_stop_str_in_output": True}   # traded for async scheduling (issue #62)
-NO_OPS = {  # what real clients send by default: the same fields with values that change nothing
-  "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "parallel_tool_calls": True,
+NO_OPS = {  # what real clients send by default: the same fields with values that change nothing (not tools: [], which vLLM refuses)
+  "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tool_choice": "none", "parallel_tool_calls": True,
   "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {}, "min_p": 0, "min_tokens": 0, "best_of": 1,
   "skip_special_tokens": True, "add_generation_prompt": True, "echo": False, "store": False, "modalities": ["text"], "service_tier": "auto",
   "user": "alice", "n": 1, "stream": False, "stream_options": None, "stop_token_ids": [], "include_stop_str_in_output": False}

@@ -24,17 +24,14 @@ class BlockManager:
     b, _ = self.free.popitem(last=False); self.cached.pop(self.hash_of.pop(b, None), None)
     self.ref[b] = 1; return b
 
-  def cached_prefix(self, seq:Sequence) -> list[int]:
-    """Cached blocks matching the start of seq; the last token is always left to compute, since its logits are needed."""
-    chunks = (seq.token_ids[j*self.block_size:(j+1)*self.block_size] for j in range((len(seq) - 1) // self.block_size if self.caching else 0))
-    # each full block's chained hash, lazily
-    hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)
-    # up to the first block not cached
-    return list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))
-
   def allocate(self, seq:Sequence) -> bool:
-    """Admit seq: share its cached prefix, and take fresh blocks for the rest of its tokens."""
-    shared = self.cached_prefix(seq); need = -(-len(seq) // self.block_size) - len(shared)
+    """Admit seq: share its cached prefix (the cached blocks matching its start; the last token is always left to compute, since its
+    logits are needed), and take fresh blocks for the rest of its tokens."""
+    chunks = (seq.token_ids[j*self.block_size:(j+1)*self.block_size] for j in range((len(seq) - 1) // self.block_size if self.caching else 0))
+    # each full block's chained hash, lazily, up to the first block not cached
+    hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)
+    shared = list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))
+    need = -(-len(seq) // self.block_size) - len(shared)
     if need + sum(self.ref[b] == 0 for b in shared) > self.num_free: return False
     for b in shared: self.free.pop(b, None); self.ref[b] += 1
     seq.block_table = shared + [self._take() for _ in range(need)]; seq.num_computed_tokens = len(shared) * self.block_size

@@ -1,5 +1,5 @@
 """Chat, apart from HTTP (vLLM's chat_utils, tool parsers and reasoning parsers): an OpenAI chat request -> the prompt and what the sampler
-must produce, and the model's text -> reasoning_content, content and tool_calls, as it streams. The parsers are tinygrad's own
+must produce, and the model's text -> reasoning, content and tool_calls, as it streams. The parsers are tinygrad's own
 (tinygrad.llm.serve): StreamRouter splits <think> and <tool_call> regions as text streams in, holding back a tag split across pieces, and
 parse_tool_call reads Hermes JSON and Qwen3-Coder XML calls.
 
@@ -25,13 +25,16 @@ def merge(message:dict, delta:dict): message.update({key: message.get(key, value
 
 def checked_messages(messages) -> list[dict]:
   """OpenAI's messages: content is a string or text parts, or null (as "") beside an assistant's tool calls, whose arguments (a JSON string
-  from clients) become the dicts chat templates expect, as vLLM does. Their results come back as role "tool" messages."""
+  from clients) become the dicts chat templates expect, as vLLM does. Their results come back as role "tool" messages. An earlier turn's
+  reasoning (interleaved thinking), sent under vLLM's name `reasoning` or DeepSeek's `reasoning_content`, reaches the template under
+  both, as vLLM passes it (Qwen3's template reads reasoning_content)."""
   text = lambda c: c is None or isinstance(c, str) or isinstance(c, list) and all(p["type"] == "text" and isinstance(p["text"], str) for p in c)
   call = lambda c: isinstance(c["function"]["name"], str) and isinstance(a := c["function"]["arguments"], dict) and json_size(a) <= MAX_VALUES
+  thought = lambda m, both=("reasoning", "reasoning_content"): {k: m[n] for n in both[::-1] if m.get(n) is not None for k in both}
   # a message of the wrong shape falls through to the error, as do arguments sent as JSON text too deep for json.loads itself
   with contextlib.suppress(TypeError, KeyError, AttributeError, RecursionError):
     if messages and all(isinstance(m["role"], str) and text(m.get("content")) for m in messages):   # contents before any copy or template
-      normalize_messages(messages := copy.deepcopy(messages))   # in place, and the request stays as it came
+      normalize_messages(messages := [m | thought(m) for m in copy.deepcopy(messages)])   # in place; the request stays as it came
       if all(call(c) for m in messages for c in m.get("tool_calls") or []): return [m | {"content": m.get("content") or ""} for m in messages]
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
 
@@ -41,14 +44,15 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   OutputParser of its one choice; and that output's grammar, compiled here, once (the engine takes this matcher as it is), so that a bad
   one is a 400 before any stream and the compile runs off the engine thread."""
   tool_format = "hermes" if "<tool_call>" in (template := tokenizer.chat_template_text) else "json" if '"parameters"' in template else None
-  tools, choice, template_kwargs = body.get("tools") or [], body.get("tool_choice") or "auto", body.get("chat_template_kwargs") or {}
+  tools, choice, template_kwargs = body.get("tools"), body.get("tool_choice"), body.get("chat_template_kwargs") or {}
   try: schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools if t["type"] == "function"}
-  except (TypeError, KeyError, AttributeError): schemas = {}
-  if len(schemas) != len(tools) or not all(isinstance(name, str) and isinstance(s, dict) for name, s in schemas.items()):
-    raise ParamError("tools", "must be a list of {'type': 'function', 'function': {'name': str, 'parameters': JSON schema}}, names distinct")
+  except (TypeError, KeyError, AttributeError): schemas = {}   # tools left out (None) too
+  # as OpenAI and vLLM: tools: [] is refused (no tools is tools left out), and tool_choice other than none needs tools; null is auto
+  if tools is not None and not (0 < len(schemas) == len(tools) and all(isinstance(n, str) and isinstance(s, dict) for n, s in schemas.items())):
+    raise ParamError("tools", "are 1+ {'type': 'function', 'function': {'name': str, 'parameters': schema}}, names distinct")
   named = choice["function"].get("name") if isinstance(choice, dict) and isinstance(choice.get("function"), dict) else None
-  if not (choice in ("none", "auto") or choice == "required" and tools or isinstance(named, str) and named in schemas):
-    raise ParamError("tool_choice", "must be none, auto, required (with tools) or {'type': 'function', 'function': {'name': one of the tools}}")
+  if not (choice in (None, "none") or tools and choice in ("auto", "required") or isinstance(named, str) and named in schemas):
+    raise ParamError("tool_choice", "must be none, or (with tools) auto, required or {'function': {'name': one of the tools}}")
   if (calls := bool(tools) and choice != "none") and tool_format is None:
     raise ParamError("tools", "need a chat template with Hermes <tool_call> tags or Llama 3's JSON calls; this model's has neither")
   if own := {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"} & set(template_kwargs):
@@ -65,10 +69,12 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   parallel = body.get("parallel_tool_calls") is not False
   kind = (fmt := body.get("response_format") or {"type": "text"}).get("type")
   if kind not in ("text", "json_object", "json_schema"): raise ParamError("response_format", "type must be text, json_object or json_schema")
-  if forced and (structured or kind != "text"): raise ParamError("tool_choice", "cannot force a tool call and a response format at once")
+  # a forced call is the whole reply: its grammar replaces response_format and structured_outputs, as vLLM's does; vLLM refuses these
+  # structured outputs beside a named function
+  if named and {"json", "regex", "choice"} & set(structured or {}): raise ParamError("structured_outputs", "cannot constrain a named tool call")
   try:   # OpenAI's response_format as vLLM's structured outputs
-    if kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
     if forced: structured = {"grammar": tool_grammar(tokenizer, tool_format, forced, thinking, parallel=parallel and not named)}
+    elif kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
     matcher = structured and compile_grammar(structured, grammar_tokenizer)
   except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
     raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
@@ -90,29 +96,33 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
   return start + 'tool_call' + '+' * parallel + f'\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")} "\\n"?'
 
 class OutputParser:
-  """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning_content, content and tool_calls. StreamRouter
-  holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice ends: markup that does
-  not parse is content, but for a call max_tokens cut off, which is dropped. Llama 3's JSON form is a whole output that parses as one
-  call (its <|python_tag|> is a special token, so never in the text)."""
+  """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning (also as reasoning_content), content and
+  tool_calls. StreamRouter holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice
+  ends: markup that does not parse is content, but for a call max_tokens cut off (its tag too), which is dropped. Llama 3's JSON form is
+  a whole output that parses as one call (its <|python_tag|> is a special token, so never in the text)."""
   def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, parallel:bool=True):
     self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
     self.parallel = parallel   # false: the text before the first call and that call, no more (vLLM drops the later calls)
     if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
-    self.calls, self.finish_reason, self.stop_reason = 0, None, None
-    self.message = {"role": "assistant", "content": ""}
+    self.calls, self.finish_reason, self.stop_reason, self.message = 0, None, None, {"role": "assistant", "content": ""}
 
   def feed(self, out) -> dict | None:
     """An engine output of this choice as its streamed choice, or None while there is nothing to say. The last one (finish_reason) sends
     what was held, and a choice that called tools ends in "tool_calls"."""
     delta, text, final = {}, out.text, out.finish_reason is not None
+    # a Hermes call that max_tokens cut off is dropped, never content, as vLLM does: from its <tool_call> (no end tag), or from the start
+    # of that tag, "<", "<tool", ... (issue #61). Until the output is final the router holds back what may begin a tag; cut, it never is
+    cut = out.finish_reason == "length" and self.tool_format == "hermes"
     if self.json is not None:   # Llama 3: an output that starts with "{" is a call, known only at its end
       self.json, text = self.json + text, ""
       if final or self.json.strip() and not self.json.lstrip().startswith("{"):
         if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
         text, self.json = "" if call else self.json, None
-    for field, value in self.router.route(text, final): merge(delta, {field: value})
-    # a call that max_tokens cut off (no end tag) is dropped, never content, as vLLM does
-    if out.finish_reason == "length": self.router.buf = re.sub(r"<tool_call>(?!.*</tool_call>).*", "", self.router.buf, flags=re.S)
+    # reasoning_content is sent as reasoning too: vLLM's name (since its pull request 27752), which its clients read; DeepSeek's clients
+    # read reasoning_content
+    for key, value in self.router.route(text, final and not cut): merge(delta, {key: value, key.removesuffix("_content"): value})
+    # what it held (no call yet), a call with no end tag, or a tag's start after calls ("<" and letters of "tool_call" in order, at the end)
+    if cut: self.router.buf = re.sub(r"(?s)^(?!<tool_call>).*|<tool_call>(?!.*</tool_call>).*|<t?o?o?l?_?c?a?l?l?\Z", "", self.router.buf)
     # the calls, at the end
     for part in re.split(r"(<tool_call>.*?(?:</tool_call>|\Z))", self.router.buf if final else "", flags=re.S)[:None if self.parallel else 2]:
       call = part.startswith("<tool_call>") and self.call(part.removeprefix("<tool_call>").removesuffix("</tool_call>"))

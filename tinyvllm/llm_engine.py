@@ -35,9 +35,9 @@ class LLMEngine:
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
     self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
-    # requests: request id -> its sequence; in_flight: the launched step's sampling sequences and the tensor of the tokens they
-    # get (sampled), still on the GPU
-    self.requests, self.in_flight, self.grammar_tokenizer = {}, ([], None), grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
+    # requests: request id -> its sequence; in_flight: the sequences that sample in the step launched last, whose tokens the host has
+    # not read yet
+    self.requests, self.in_flight, self.grammar_tokenizer = {}, [], grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams, matcher=None) -> tuple[list[int], LLMatcher | None]:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
@@ -56,8 +56,7 @@ class LLMEngine:
     if (request_id := request_id or uuid.uuid4().hex) in self.requests: raise ValueError(f"request id {request_id!r} is already running")
     # the step buffer carries 31 bits of the seed
     seed = params.seed if params.seed is not None else self.rng.getrandbits(31)
-    seq = Sequence(request_id, ids, params, seed & 0x7fffffff)
-    seq.detok, seq.matcher = self.tokenizer.detokenizer(ids), matcher
+    seq = Sequence(request_id, ids, params, seed & 0x7fffffff, self.tokenizer.detokenizer(ids), matcher)
     self.requests[request_id] = seq; self.scheduler.waiting.append(seq); return request_id
 
   def abort(self, request_id:str):
@@ -67,20 +66,23 @@ class LLMEngine:
   def has_unfinished(self) -> bool: return bool(self.requests)
 
   def step(self) -> list[RequestOutput]:
-    """One engine iteration, overlapped with the GPU as in vLLM's async scheduling: step N+1 is scheduled and packed while the GPU runs
-    step N; step N's tokens are waited for only then (they are N+1's inputs), and detokenized and stop-checked while the GPU runs N+1.
-    Returns a delta (new text and token ids) for each request whose sequence produced a token."""
-    batch, (sampling, sampled) = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
+    """One engine iteration, as vLLM's async scheduling: while the GPU runs step N, step N+1 is scheduled, packed and launched (its input
+    tokens that N samples are read on the device); then N's tokens are read, and detokenized and stop-checked while the GPU runs N+1. A
+    sequence that N finishes computes one more token in N+1, which is dropped. N+1 launches after N's tokens are read where it cannot run
+    ahead (see ModelRunner.prepare). Returns a delta (new text and token ids) for each request whose sequence produced a token."""
+    batch, sampling = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
-      launch, next_sampling = self.runner.prepare(batch) if batch else (lambda: None, [])
-      kept = self.scheduler.receive(sampling, sampled.numpy()[:len(sampling)] if sampling else [])
-      self.in_flight = (next_sampling, launch())
+      launch, self.in_flight, ahead = self.runner.prepare(batch) if batch else (lambda: None, [], False)
+      if ahead: launch()
+      kept = self.scheduler.receive(sampling, self.runner.read(len(sampling)) if sampling else [])
+      if not ahead: launch()
+      self.runner.download(len(self.in_flight))
       # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished), then the launched
       # step's tokens count as computed (advance skips the sequences those checks just finished)
-      outputs = [(seq, self.scheduler.postprocess(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch)
+      outputs = [(seq, self.scheduler.postprocess(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch, self.in_flight)
     except Exception as e:
       # only the requests of the failed steps fail: aborted here, they give their blocks back
-      failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), ([], None)
+      failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), []
       for request_id in failed: self.abort(request_id)
       raise EngineError(failed) from e
     # a finished request leaves the engine with its last delta
@@ -165,7 +167,7 @@ class AsyncLLM:
         # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
         log.exception("engine step failed"); failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
         for request_id in failed: self.engine.abort(request_id); outs.append((request_id, EngineError(failed)))
-        # an empty step, its tokens read from one device's copy (tensor parallel)
+        # an empty step, its tokens read
         try: runner.prepare([], runner.buckets[0])[0]().tolist()
         except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
       # clear, then look again: a request that arrived meanwhile set the event after our last check

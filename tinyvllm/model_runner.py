@@ -1,10 +1,11 @@
 """The runner, the device side of a step: llm_engine hands it the scheduler's batch, it packs the batch into one step buffer and
 launches the model (model.py, attention.py over the KV pool it owns) and the sampler (sampler.py) as captured TinyJit graphs, and
-returns the sampled tokens still on the device. Everything on the device goes through it; it also keeps tinygrad's compile caches
+reads the sampled tokens back once the step has run. Everything on the device goes through it; it also keeps tinygrad's compile caches
 across start-ups."""
-import functools, itertools, typing, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
+import ctypes, functools, itertools, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
+import tinygrad.runtime.autogen.cuda as cuda   # tinygrad internals: its CUDA bindings
 from tinyvllm.config import Config, log
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.gemm import empty
@@ -79,8 +80,7 @@ class ModelRunner:
     # by default enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB; on CUDA, the one device where tinygrad tells free
     # memory, 80% of it (the rest for graphs)
     kv_gb = config.kv_cache_memory or min(config.max_num_seqs * self.max_model_len // block_size * bytes_per_block / 1e9, 4.0)
-    if config.kv_cache_memory is None and self.device == "CUDA":
-      import ctypes, tinygrad.runtime.autogen.cuda as cuda   # free and total bytes
+    if config.kv_cache_memory is None and self.device == "CUDA":   # free and total bytes
       cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); kv_gb = 0.8 * free.value / 1e9 * tp
     # one sequence must always fit the pool, or preemption can't help
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1); self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)
@@ -98,6 +98,15 @@ class ModelRunner:
     size = top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS))
     # tensor parallel: a copy on every device
     self.step_buffer = Tensor(np.zeros(size, np.int32)).to(self.devices).realize()
+    # the tokens the last step sampled, on every device: the next step reads there the input token of each sequence this one sampled (the
+    # scheduler's placeholder, -1 - its row), so it can launch before the host has them (vLLM's async scheduling). The host reads the first
+    # device's buffer. overlap: on one CUDA GPU the tokens come down into page-locked host memory of their own as their step ends, an event
+    # marking it (see download), so reading them waits for that step alone; elsewhere a read waits for every step launched
+    self.sampled = Tensor.zeros(self.max_rows, dtype=dtypes.int32).contiguous().to(self.devices).realize()
+    self.host_tokens, self.event, self.overlap = np.zeros(self.max_rows, np.int32), cuda.CUevent(), self.device == "CUDA" and tp == 1
+    if self.overlap:
+      cuda.cuMemHostRegister_v2(self.host_tokens.ctypes.data, self.host_tokens.nbytes, 0)
+      cuda.cuEventCreate(ctypes.byref(self.event), 0)
     # the sampler's other input, the grammar masks: filled on llguidance's thread pool; a batch that only uses top-k/top-p reuses one
     # all-ones mask per row count, uploaded once instead of every step
     ones = lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).to(self.devices).realize()
@@ -110,8 +119,7 @@ class ModelRunner:
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
     # server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers are both in, so no step
     # waits for a capture, and the token budget is the largest such bucket yet. Units are (tokens, filtered)
-    units = [(n, f) for n in buckets for f in (0, 1)]
-    first = [(n, f) for n in (1, min(64, top)) for f in (0, 1)]
+    units, first = [(n, f) for n in buckets for f in (0, 1)], [(n, f) for n in (1, min(64, top)) for f in (0, 1)]
     self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
     while self.pending and self.pending[0] in first: self.capture_next()
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.cache_key} ready", STORED_CACHES)
@@ -126,24 +134,28 @@ class ModelRunner:
     block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     attention = lambda layer, qkv: paged_attention(qkv, *kv_write(*self.kv[layer], inputs["slots"], qkv), block_tables, inputs["token_seq"],
                                                    inputs["positions"], inputs["cached_lens"], self.config.block_size)
+    # a token the step before sampled comes from its row of `sampled` (the scheduler's placeholder, -1 - row)
+    tokens = (inputs["tokens"] >= 0).where(inputs["tokens"], self.sampled[(-1 - inputs["tokens"]).maximum(0)])
     # the logits of only the rows that sample
-    return self.model(inputs["tokens"], inputs["positions"], attention, inputs["logits_idx"])
+    return self.model(tokens, inputs["positions"], attention, inputs["logits_idx"])
 
   def sample(self, logits:Tensor, allowed:Tensor|None=None) -> Tensor:
     """Sampling is a graph of its own in two variants: the filtering one (grammar masks, top-k, top-p, min-p) costs several passes over the
     vocabulary, so a batch whose requests use none of them runs the plain one. It reads the logits' rows and no per-token input: one graph
-    serves every token bucket with that many rows. Returns the sampled token of each row, on the first device: under tensor parallelism
-    every device samples the same tokens, and the copy inside the graph spares the engine a copy that tinygrad would schedule each step."""
+    serves every token bucket with that many rows. The sampled token of each row goes to `sampled` (under tensor parallelism every device
+    samples the same tokens), where the next step's graph and the host read it; rows that sample nothing keep theirs, so the empty steps
+    of graph captures leave the tokens of the step in flight as they were."""
     inputs = {name: self.step_buffer[where] for name, where in step_layout(0, logits.shape[0], self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
-    return sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters).to(self.devices[0]).contiguous()
+    tokens = sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters)
+    return self.sampled[:logits.shape[0]].assign((inputs["out_positions"] > 0).where(tokens, self.sampled[:logits.shape[0]])).realize()
 
-  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple[typing.Callable, list]:
-    """Packs the step that computes num_new tokens of each (seq, num_new). Returns its launch, which gives (on the GPU, not waited for)
-    the sampled tensor, one token for each sequence whose last token is computed, and those sampling sequences, in batch order. The
-    launch reads the input tokens last: with async scheduling, the previous step's samples are among them, and they arrive only just
-    before."""
+  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple:
+    """Packs the step that computes num_new tokens of each (seq, num_new). Returns its launch, which queues it on the device (and gives
+    `sampled`, which it writes); the sequences that sample a token in it (those whose last token it computes), in batch order; and
+    whether it may launch before the host has read the step before (async scheduling): with overlap (see __init__), unless grammar masks
+    need that step's tokens."""
     block_size, vocab_size = self.config.block_size, self.hf_config["vocab_size"]
     # -- per sequence: one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy
     # calls per sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
@@ -188,7 +200,7 @@ class ModelRunner:
       if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn); jit.cnt = 1
       return (fxn if self.config.enforce_eager else jit)(*args, **sizes)
     def launch() -> Tensor:
-      # (total,): the step's input tokens, packed last (see the docstring)
+      # (total,): the step's input tokens, packed last: a token the step before samples is its placeholder until the host receives it
       inputs["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + num_new] for s, num_new in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
@@ -197,7 +209,21 @@ class ModelRunner:
         dev.allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
       logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
       return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampling, num_rows)] if filtered else []))
-    return launch, sampling
+    return launch, sampling, self.overlap and not any(s.matcher for s in sampling)
+
+  def read(self, num_rows:int) -> list[int]:
+    """The tokens of the step last downloaded, once it has run (without overlap: once every step launched has run)."""
+    if self.overlap: cuda.cuEventSynchronize(self.event)
+    return (self.host_tokens if self.overlap else getattr(self.sampled.uop.buffer, "bufs", [self.sampled.uop.buffer])[0].numpy())[:num_rows].tolist()
+
+  def download(self, num_rows:int):
+    """With overlap: queue the copy of the last step's tokens to the host and the event that marks their arrival, once the host has read
+    the step before (tinygrad internals: its host-to-device copies stage through page-locked memory that it frees only as it
+    synchronizes, which async steps never do: every 64 steps, it does)."""
+    if not self.overlap: return
+    cuda.cuMemcpyDtoHAsync_v2(self.host_tokens.ctypes.data, self.sampled.uop.buffer._buf, 4 * num_rows, None)
+    cuda.cuEventRecord(self.event, None)
+    if len(Device[self.device].pending_copyin) > 64: Device[self.device].synchronize()
 
   def grammar_masks(self, sampling:list[Sequence], num_rows:int) -> Tensor:
     """Each sampling row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""

@@ -68,12 +68,9 @@ def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, t
   u = u32(seeds).unsqueeze(1) * 0x9E3779B1 + u32(positions).unsqueeze(1) * 0x85EBCA77 + u32(Tensor.arange(logits.shape[1])) * 0xC2B2AE3D
   for mul in (0x85EBCA6B, 0xC2B2AE35): u = (u ^ (u >> 16)) * mul
   gumbel = -(-(u32(u ^ (u >> 16)) >> 8).cast(dtypes.float32).add(0.5).div(2**24).log()).log()
-  return argmax((temperatures == 0).unsqueeze(1).where(logits, x + gumbel))
-
-def argmax(x:Tensor, chunk:int=128) -> Tensor:
-  """x.argmax(-1) of (R, V) as int32 (the first of equal maxima), in two passes: the row's chunks of `chunk` tokens, each reduced by its own
-  thread group, then the chunk holding the max. tinygrad's own argmax of a vocabulary-long row ran on 128 threads, each ~1,200 tokens in turn."""
-  # (R, chunks, chunk)
-  x = x.pad((None, (0, -x.shape[1] % chunk)), value=-math.inf).reshape(x.shape[0], -1, chunk)
+  x = (temperatures == 0).unsqueeze(1).where(logits, x + gumbel)
+  # the argmax (the first of equal maxima) in two passes: the row's chunks of 128 tokens, each reduced by its own thread group, then the
+  # chunk holding the max. tinygrad's own argmax of a vocabulary-long row ran on 128 threads, each ~1,200 tokens in turn. (R, chunks, 128)
+  x = x.pad((None, (0, -x.shape[1] % 128)), value=-math.inf).reshape(x.shape[0], -1, 128)
   best = x.max(-1).argmax(-1)   # (R,) the first chunk holding the max
-  return (best * chunk + x[Tensor.arange(x.shape[0]), best].argmax(-1)).cast(dtypes.int32)
+  return (best * 128 + x[Tensor.arange(x.shape[0]), best].argmax(-1)).cast(dtypes.int32)

@@ -25,7 +25,11 @@ class Scheduler:
       # skipped: preempted below while making room for an earlier sequence
       if seq.status != Status.RUNNING: continue
       if (num_new := min(len(seq) - seq.num_computed_tokens, budget)) == 0: break
-      while seq.status == Status.RUNNING and not self.bm.append(seq, num_new): self.preempt(self.running[-1])
+      # out of blocks: the most recently admitted sequence (maybe this one) is preempted: its blocks are freed, and it goes back to the
+      # front of the queue, to be recomputed
+      while seq.status == Status.RUNNING and not self.bm.append(seq, num_new):
+        victim = self.running.pop(); self.bm.free_blocks(victim); self.waiting.appendleft(victim)
+        victim.status, self.num_preemptions = Status.WAITING, self.num_preemptions + 1
       if seq.status == Status.RUNNING: batch.append((seq, num_new)); budget -= num_new
     while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
       seq = self.waiting[0]
@@ -34,21 +38,22 @@ class Scheduler:
       batch.append((seq, num_new := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_new
     return batch
 
-  def advance(self, batch:list[tuple[Sequence, int]]):
-    """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples holds a
-    placeholder for the token the GPU is drawing, so the next step can be scheduled now (vLLM's async scheduling)."""
+  def advance(self, batch:list[tuple[Sequence, int]], sampling:list[Sequence]):
+    """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples (sampling, by
+    row) holds a placeholder for the token the GPU is drawing, -1 - its row, so the next step can be scheduled and launched now (vLLM's
+    async scheduling: that step reads the token from the row on the device)."""
     # the sequences still running: not one the previous step's token stopped
     for seq, num_new in ((seq, num_new) for seq, num_new in batch if seq.status == Status.RUNNING):
       # full blocks are registered for prefix caching
       seq.num_computed_tokens += num_new; self.bm.commit(seq)
-      # a mid-prompt chunk samples nothing
-      if seq.num_computed_tokens == len(seq): seq.token_ids.append(-1)
+    # (a mid-prompt chunk samples nothing)
+    for row, seq in ((r, s) for r, s in enumerate(sampling) if s.status == Status.RUNNING): seq.token_ids.append(-1 - row)
 
   def receive(self, sampling:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
     """A step's tokens (one for each of its sampling sequences) replace their placeholders before the next step's launch, which reads
     them (and their grammars' masks). Returns (sequence, token, its length with the token) for each token kept."""
     # not a sequence the step before stopped
-    kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] == -1]
+    kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] < 0]
     for seq, token, _ in kept: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
     return kept
 
@@ -72,10 +77,6 @@ class Scheduler:
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
     text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
     return CompletionOutput(0, text, [token], reason, stop_reason)
-
-  def preempt(self, seq:Sequence):
-    self.bm.free_blocks(seq); self.running.remove(seq); self.waiting.appendleft(seq)
-    seq.status, self.num_preemptions = Status.WAITING, self.num_preemptions + 1
 
   def finish(self, seq:Sequence):
     if seq.status == Status.RUNNING: self.bm.free_blocks(seq); self.running.remove(seq)

@@ -60,12 +60,12 @@ class RequestOutput:
 
 class Sequence:
   """One generated continuation: its tokens, how many of them already sit in the KV cache, and its block table."""
-  def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, seed:int=0):
+  def __init__(self, request_id:str, prompt_ids:list[int], params:SamplingParams, seed:int=0, detok=None, matcher=None):
     self.request_id, self.params, self.status, self.seed = request_id, params, Status.WAITING, seed
     self.prompt_token_ids, self.token_ids, self.num_prompt_tokens = prompt_ids, list(prompt_ids), len(prompt_ids)
     # block_table: its KV blocks, in order; block_hashes: the chained hashes of its full, computed blocks (prefix caching)
     self.num_computed_tokens, self.block_table, self.block_hashes = 0, [], []
     # held_text: detokenized text not yet emitted (it may start a stop string); detok: its detokenizer; matcher: llguidance's state of
     # its grammar (structured outputs)
-    self.held_text, self.detok, self.matcher = "", None, None
+    self.held_text, self.detok, self.matcher = "", detok, matcher
   def __len__(self): return len(self.token_ids)

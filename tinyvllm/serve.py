@@ -64,6 +64,8 @@ class OpenAIServer:
     # as vLLM does
     if unknown := sorted(body.keys() - HONOURED.keys() - NOT_YET.keys()): log.warning("Unknown fields ignored: %s", unknown[:20])
     if body.get("model") not in (None, self.model): raise APIError(f"The model `{body['model']}` does not exist.", 404, "NotFoundError", "model", 404)
+    # as vLLM's: stream_options that say anything need a stream
+    if body.get("stream_options") and not body.get("stream"): raise APIError("'stream_options' needs stream: true", param="stream_options")
     # chat.py: messages, tools, the structured output and its compiled grammar, ...
     prompt, structured, parser, matcher = chat_request(self.llm.engine.tokenizer, self.llm.engine.grammar_tokenizer, body)
     max_tokens_field, context = next((k for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None), self.config.max_model_len
@@ -90,27 +92,29 @@ class OpenAIServer:
     prompt, params, body, parser, matcher = await asyncio.to_thread(self.parse, raw)
     # vLLM's /v1/chat/completions/render: the prompt's token ids alone, what vllm-router's cache_aware policy routes by (issue #56)
     if request.url.path.endswith("/render"): return JSONResponse({"token_ids": prompt})
-    request_id, num_tokens = f"chatcmpl-{uuid.uuid4().hex}", [0]   # completion tokens so far (a list, so choices() can add to it)
-    head = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": self.model}
-    usage = lambda: {"prompt_tokens": len(prompt), "completion_tokens": num_tokens[0], "total_tokens": len(prompt) + num_tokens[0]}
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": self.model}
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt)}   # so far: choices() counts the tokens in
     async def choices():   # one path for both responses: each engine output as its choice's delta, through chat.py's parser
       try:
-        async with contextlib.aclosing(self.llm.generate(prompt, params, request_id, matcher)) as outputs:
+        async with contextlib.aclosing(self.llm.generate(prompt, params, head["id"], matcher)) as outputs:
           async for out in outputs:
-            num_tokens[0] += len(out.outputs[0].token_ids)
+            for key in ("completion_tokens", "total_tokens"): usage[key] += len(out.outputs[0].token_ids)
             # None while the choice has nothing to say: text can lag tokens (partial UTF-8, held-back stop strings and tags)
             yield parser.feed(out.outputs[0])
       except ValueError as e: raise APIError(str(e))   # the engine refused the request, and says why
       # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message
       except EngineError: raise APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
     if body.get("stream"):
+      # vLLM's stream_options: the usage in a last chunk without choices (include_usage), and as it stands in every chunk (with
+      # continuous_usage_stats too)
+      if all(map((body.get("stream_options") or {}).get, ("include_usage", "continuous_usage_stats"))): head["usage"] = usage
       sse, chunk = lambda data: f"data: {json.dumps(data)}\n\n", lambda c, **kw: sse({**head, "object": "chat.completion.chunk", "choices": c, **kw})
       async def events():
         async with contextlib.aclosing(choices()) as stream:
           yield chunk([parser.choice(delta={"role": "assistant", "content": ""})])
           try:
             async for choice in stream: yield chunk([choice]) if choice else ""
-            if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage())
+            if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage)
           except APIError as e: yield sse(e.body())   # the 200 is sent: the error is an event, as in vLLM
           yield "data: [DONE]\n\n"
       # Starlette cancels the body iterator on disconnect but never closes it; its background task (run after the stream, ended or cut
@@ -121,7 +125,7 @@ class OpenAIServer:
       # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
       async for _ in stream:
         if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
-    return JSONResponse({**head, "choices": [parser.reply()], "usage": usage()})
+    return JSONResponse({**head, "choices": [parser.reply()], "usage": usage})
 
   async def models(self, request):   # root: the model's name, never a local path
     return self.authorize(request) or JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),

@@ -1,0 +1,27 @@
+#!/bin/bash
+# Issue #62's figures on one GPU, the working tree ("ours") against a baseline tree in the same lease (BASE, default .base: made here with
+# `mkdir .base && git archive dd5872e tinyvllm scripts | tar -x -C .base`, carried as an ignored folder). Default flags throughout.
+#   PART=check : scripts/check_async.py in both trees (greedy vs transformers' reference, eager and graphs; seeded/top-p/stop/max_tokens
+#                outputs of a full batch with preemptions, compared token for token; no block leaked after aborts in flight)
+#   PART=1b    : bench.py --latency, Llama-3.2-1B shape: ours, base, ours
+#   PART=8b    : bench.py --latency, Llama-3.1-8B shape: ours, base
+#   PART=serve : bench_serving.py --launch, 1B shape, TPOT at 1 / 8 / 32 streams: ours, base
+#   PART=tp    : bench.py --latency --tensor-parallel-size 2, 8B shape (two GPUs): ours, base, and ours at N=1
+# The device machines have no network: wheels in .whl/ (tinygrad, llguidance, starlette, uvicorn, ...) go into $SITE.
+unset PYTHONDONTWRITEBYTECODE; export PIP_ROOT_USER_ACTION=ignore PYTHONUNBUFFERED=1 DEV=CUDA
+SITE=${SITE:-/tmp/site} BASE=${BASE:-.base} OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+[ -d $SITE/tinygrad ] || python3 -m pip install -q --no-index --no-deps --target $SITE .whl/*.whl || exit 1
+ours() { PYTHONPATH=$SITE:$PWD python3 "$@"; }
+base() { local s=$1; shift; PYTHONPATH=$SITE:$PWD/$BASE python3 $BASE/$s "$@"; }
+nvidia-smi -L; git log --oneline -1 2>/dev/null
+for part in ${PART:-check 1b}; do case $part in
+check)
+  ours scripts/check_async.py --eager > $OUT/check-ours.json 2> $OUT/check-ours.log; tail -4 $OUT/check-ours.log | grep -v "it/s"
+  TREE=$BASE PYTHONPATH=$SITE python3 scripts/check_async.py --eager > $OUT/check-base.json 2> $OUT/check-base.log; tail -4 $OUT/check-base.log | grep -v "it/s"
+  python3 -c "import json; a, b = (json.load(open('$OUT/check-' + n + '.json')) for n in ('ours', 'base')); print('CHECK ours == base:', a == b, {k: (v['greedy_ok'], v['leak_free']) for k, v in a.items()})";;
+1b) for who in ours base ours; do echo "== $who 1B"; $who scripts/bench.py --config llama-3.2-1b --device CUDA --latency 2>&1 | grep -E "decode|TTFT|ready|SUMMARY"; done;;
+8b) for who in ours base; do echo "== $who 8B"; $who scripts/bench.py --config llama-3.1-8b --device CUDA --latency 2>&1 | grep -E "decode|TTFT|SUMMARY"; done;;
+serve) for who in ours base; do echo "== $who server"; $who scripts/bench_serving.py --launch --config llama-3.2-1b --device CUDA --output-len 256 --concurrency 1 8 32 2>&1 | grep -iE "tpot|ttft|tok/s|fail" | tail -12; done;;
+tp) for who in ours base; do echo "== $who 8B tp2"; $who scripts/bench.py --config llama-3.1-8b --device CUDA --latency --tensor-parallel-size 2 2>&1 | grep -E "decode|TTFT|SUMMARY"; done
+    echo "== ours 8B tp1"; ours scripts/bench.py --config llama-3.1-8b --device CUDA --latency 2>&1 | grep -E "decode|TTFT|SUMMARY";;
+esac; done
