@@ -10,8 +10,9 @@ class Scheduler:
   """Continuous batching: every step fills a token budget, running sequences first (decodes and unfinished prompt chunks), then new
   prompts in arrival order, chunked so a long prompt never stalls the decodes. When blocks run out, the most recently admitted sequence is
   preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap). A step's bookkeeping is split
-  around the GPU, as in vLLM's async scheduling: `advance` right after its launch, `receive` when its tokens arrive (just before the next
-  launch), and `postprocess` on each token kept while the next step runs (nano-vllm's name)."""
+  around the GPU, as in vLLM's async scheduling: `advance` right after its launch, `receive` when its tokens arrive (once the next step
+  is launched, or just before where it cannot run ahead), and `postprocess` on each token kept while the next step runs (nano-vllm's
+  name)."""
   def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
     # running in admission order: the last one is the first to be preempted
     self.config, self.bm, self.eos_ids, self.waiting, self.running, self.num_preemptions = config, block_manager, eos_ids, collections.deque(), [], 0
@@ -50,8 +51,9 @@ class Scheduler:
     for row, seq in ((r, s) for r, s in enumerate(sampling) if s.status == Status.RUNNING): seq.token_ids.append(-1 - row)
 
   def receive(self, sampling:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
-    """A step's tokens (one for each of its sampling sequences) replace their placeholders before the next step's launch, which reads
-    them (and their grammars' masks). Returns (sequence, token, its length with the token) for each token kept."""
+    """A step's tokens (one for each of its sampling sequences) replace their placeholders (the next step, launched ahead, read them on
+    the device; one that cannot run ahead, after this, for its grammars' masks). Returns (sequence, token, its length with the token) for
+    each token kept."""
     # not a sequence the step before stopped
     kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] < 0]
     for seq, token, _ in kept: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
