@@ -101,8 +101,8 @@ class OutputParser:
   ends: markup that does not parse is content, but for a call max_tokens cut off (its tag too), which is dropped. Llama 3's JSON form is
   a whole output that parses as one call (its <|python_tag|> is a special token, so never in the text)."""
   def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, parallel:bool=True):
-    self.router, self.tool_format, self.json = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None
-    self.parallel = parallel   # false: the text before the first call and that call, no more (vLLM drops the later calls)
+    # parallel false: the text before the first call and that call, no more (vLLM drops the later calls)
+    self.router, self.tool_format, self.json, self.parallel = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None, parallel
     if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
     self.calls, self.finish_reason, self.stop_reason, self.message = 0, None, None, {"role": "assistant", "content": ""}
 
