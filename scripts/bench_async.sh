@@ -6,7 +6,10 @@
 #   PART=1b    : bench.py --latency, Llama-3.2-1B shape: ours, base, ours
 #   PART=8b    : bench.py --latency, Llama-3.1-8B shape: ours, base
 #   PART=serve : bench_serving.py --launch, 1B shape, TPOT at 1 / 8 / 32 streams: ours, base
-#   PART=tp    : bench.py --latency --tensor-parallel-size 2, 8B shape (two GPUs): ours, base, and ours at N=1
+#   PART=tp    : check_tp.py (ours, with a grammar case), then bench.py --latency --tensor-parallel-size 2, 8B shape (two GPUs): ours, base,
+#                ours at N=1, ours at N=2 again
+#   PART=moe   : bench.py --latency, Qwen3-30B-A3B shape (--kv-cache-memory 4, as its earlier rows): ours, base
+#   PART=offline: bench.py --num-requests 256, 1B and 8B shapes: ours, base
 # The device machines have no network: wheels in .whl/ (tinygrad, llguidance, starlette, uvicorn, ...) go into $SITE.
 unset PYTHONDONTWRITEBYTECODE; export PIP_ROOT_USER_ACTION=ignore PYTHONUNBUFFERED=1 DEV=CUDA
 SITE=${SITE:-/tmp/site} BASE=${BASE:-.base} OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -22,6 +25,10 @@ check)
 1b) for who in ours base ours; do echo "== $who 1B"; $who scripts/bench.py --config llama-3.2-1b --device CUDA --latency 2>&1 | grep -E "decode|TTFT|ready|SUMMARY"; done;;
 8b) for who in ours base; do echo "== $who 8B"; $who scripts/bench.py --config llama-3.1-8b --device CUDA --latency 2>&1 | grep -E "decode|TTFT|SUMMARY"; done;;
 serve) for who in ours base; do echo "== $who server"; $who scripts/bench_serving.py --launch --config llama-3.2-1b --device CUDA --output-len 256 --concurrency 1 8 32 2>&1 | grep -iE "tpot|ttft|tok/s|fail" | tail -12; done;;
-tp) for who in ours base; do echo "== $who 8B tp2"; $who scripts/bench.py --config llama-3.1-8b --device CUDA --latency --tensor-parallel-size 2 2>&1 | grep -E "decode|TTFT|SUMMARY"; done
-    echo "== ours 8B tp1"; ours scripts/bench.py --config llama-3.1-8b --device CUDA --latency 2>&1 | grep -E "decode|TTFT|SUMMARY";;
+tp) ours scripts/check_tp.py --device CUDA 2>&1 | grep -E "EQUAL|DIFFER|Error|up after"
+    for who in ours base; do echo "== $who 8B tp2"; $who scripts/bench.py --config llama-3.1-8b --device CUDA --latency --tensor-parallel-size 2 2>&1 | grep -E "decode|TTFT|SUMMARY"; done
+    echo "== ours 8B tp1"; ours scripts/bench.py --config llama-3.1-8b --device CUDA --latency 2>&1 | grep -E "decode|TTFT|SUMMARY"
+    echo "== ours 8B tp2"; ours scripts/bench.py --config llama-3.1-8b --device CUDA --latency --tensor-parallel-size 2 2>&1 | grep -E "decode|TTFT|SUMMARY";;
+moe) for who in ours base; do echo "== $who Qwen3-30B-A3B"; $who scripts/bench.py --config qwen3-30b-a3b --device CUDA --latency --kv-cache-memory 4 2>&1 | grep -E "decode|TTFT|ready|SUMMARY"; done;;
+offline) for cfg in llama-3.2-1b llama-3.1-8b; do for who in ours base; do echo "== $who $cfg offline"; $who scripts/bench.py --config $cfg --device CUDA --num-requests 256 2>&1 | grep -E "tok/s|SUMMARY"; done; done;;
 esac; done
