@@ -100,13 +100,11 @@ class ModelRunner:
     self.step_buffer = Tensor(np.zeros(size, np.int32)).to(self.devices).realize()
     # the tokens the last step sampled, on every device: the next step reads there the input token of each sequence this one sampled (the
     # scheduler's placeholder, -1 - its row), so it can launch before the host has them (vLLM's async scheduling). The host reads the first
-    # device's buffer. overlap: under CUDA the tokens come down into page-locked host memory of their own as their step ends, an event
+    # device's buffer. overlap: on one CUDA GPU the tokens come down into page-locked host memory of their own as their step ends, an event
     # marking it (see download), so reading them waits for that step alone; elsewhere a read waits for every step launched
     self.sampled = Tensor.zeros(self.max_rows, dtype=dtypes.int32).contiguous().to(self.devices).realize()
-    self.first_sampled = getattr(self.sampled.uop.buffer, "bufs", [self.sampled.uop.buffer])[0]   # a MultiBuffer's first device's
-    self.host_tokens, self.event, self.overlap = np.zeros(self.max_rows, np.int32), cuda.CUevent(), self.device == "CUDA"
-    if self.overlap:   # in the first device's context, where download queues its copy and event (tinygrad's CUDA device, an internal)
-      cuda.cuCtxSetCurrent(Device[self.device].context)
+    self.host_tokens, self.event, self.overlap = np.zeros(self.max_rows, np.int32), cuda.CUevent(), self.device == "CUDA" and tp == 1
+    if self.overlap:
       cuda.cuMemHostRegister_v2(self.host_tokens.ctypes.data, self.host_tokens.nbytes, 0)
       cuda.cuEventCreate(ctypes.byref(self.event), 0)
     # the sampler's other input, the grammar masks: filled on llguidance's thread pool; a batch that only uses top-k/top-p reuses one
@@ -200,8 +198,6 @@ class ModelRunner:
       # internals: its CUDA graph), hundreds a step for a 48-layer model, host time the GPU waits for. So the graph keeps its constant
       # kernels too (TinyJit's prune would take every kernel of the step buffer for a constant)
       if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn); jit.cnt = 1
-      # a graph runs in the stream of the context current at its launch: the first device's, where download queues behind it
-      if self.overlap: cuda.cuCtxSetCurrent(Device[self.device].context)
       return (fxn if self.config.enforce_eager else jit)(*args, **sizes)
     def launch() -> Tensor:
       # (total,): the step's input tokens, packed last: a token the step before samples is its placeholder until the host receives it
@@ -218,17 +214,16 @@ class ModelRunner:
   def read(self, num_rows:int) -> list[int]:
     """The tokens of the step last downloaded, once it has run (without overlap: once every step launched has run)."""
     if self.overlap: cuda.cuEventSynchronize(self.event)
-    return (self.host_tokens if self.overlap else self.first_sampled.numpy())[:num_rows].tolist()
+    return (self.host_tokens if self.overlap else getattr(self.sampled.uop.buffer, "bufs", [self.sampled.uop.buffer])[0].numpy())[:num_rows].tolist()
 
   def download(self, num_rows:int):
     """With overlap: queue the copy of the last step's tokens to the host and the event that marks their arrival, once the host has read
     the step before (tinygrad internals: its host-to-device copies stage through page-locked memory that it frees only as it
     synchronizes, which async steps never do: every 64 steps, it does)."""
     if not self.overlap: return
-    cuda.cuCtxSetCurrent(Device[self.device].context)
-    cuda.cuMemcpyDtoHAsync_v2(self.host_tokens.ctypes.data, self.first_sampled._buf, 4 * num_rows, None)
+    cuda.cuMemcpyDtoHAsync_v2(self.host_tokens.ctypes.data, self.sampled.uop.buffer._buf, 4 * num_rows, None)
     cuda.cuEventRecord(self.event, None)
-    if len(Device[self.device].pending_copyin) > 64: Device[self.device].synchronize_system()
+    if len(Device[self.device].pending_copyin) > 64: Device[self.device].synchronize()
 
   def grammar_masks(self, sampling:list[Sequence], num_rows:int) -> Tensor:
     """Each sampling row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
