@@ -129,9 +129,8 @@ class AsyncLLM:
   """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop.
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
-    # work: set when the engine thread has something to do; inbox: (request id, prompt token ids, params, its compiled grammar or None)
-    # for a new request, (request id, None, None, None) for an abort; queues: request id -> (the event loop of its caller, the queue its
-    # outputs go to)
+    # work: set when the engine thread has something to do; inbox: (request id, the engine's method to call for it between steps,
+    # add_request or abort, and its arguments); queues: request id -> (the event loop of its caller, the queue its outputs go to)
     self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped.
@@ -153,9 +152,9 @@ class AsyncLLM:
       # outs: (request id, its output or its error), delivered after the step
       outs: list[tuple[str, RequestOutput | Exception]] = []
       while not self.inbox.empty():
-        request_id, prompt, params, matcher = self.inbox.get()
-        # a new request (params) or an abort (none); a request the engine refuses fails alone
-        try: self.engine.add_request(prompt, params, request_id, matcher) if params else self.engine.abort(request_id)
+        request_id, call, args = self.inbox.get()
+        # a request the engine refuses fails alone
+        try: call(*args)
         except Exception as e: outs.append((request_id, e))
       # busy, with more sequences than the largest bucket captured holds: a capture's pause between steps, the wider buckets first (two
       # pauses buy a wider bucket: its plain sampler, then its filtered one)
@@ -177,7 +176,7 @@ class AsyncLLM:
 
   async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str, matcher:LLMatcher|None=None):
     self.queues[request_id], finished = (asyncio.get_running_loop(), q := asyncio.Queue()), False
-    self.inbox.put((request_id, prompt_token_ids, params, matcher)); self.work.set()
+    self.inbox.put((request_id, self.engine.add_request, (prompt_token_ids, params, request_id, matcher))); self.work.set()
     try:
       while not finished:
         if isinstance(out := await q.get(), Exception): raise out
@@ -187,4 +186,4 @@ class AsyncLLM:
       self.queues.pop(request_id, None)
       if not finished: self.abort(request_id)
 
-  def abort(self, request_id:str): self.inbox.put((request_id, None, None, None)); self.work.set()
+  def abort(self, request_id:str): self.inbox.put((request_id, self.engine.abort, (request_id,))); self.work.set()
