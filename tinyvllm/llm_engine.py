@@ -1,5 +1,5 @@
 """The engine, first stop of a request below the server: serve.py -> llm_engine -> scheduler -> model_runner / block_manager. LLMEngine
-checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, receive, postprocess); LLM is the offline API over it,
+checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, receive, process_output); LLM is the offline API over it,
 AsyncLLM the server's (the loop on a background thread, fed through an inbox). It owns the tokenizer, the scheduler and the runner, and
 reaches the device only through the runner."""
 import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
@@ -34,10 +34,11 @@ class LLMEngine:
     # the resolved config (the context length the model and the KV pool allow) flows on; the caller's Config is left as it was
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-    self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
+    self.scheduler = Scheduler(config, self.block_manager)
     # requests: request id -> its sequence; in_flight: the sequences that sample in the step launched last, whose tokens the host has
     # not read yet
     self.requests, self.in_flight, self.grammar_tokenizer = {}, [], grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
+    self.num_prompt_tokens = self.num_generation_tokens = 0   # counters
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams, matcher=None) -> tuple[list[int], LLMatcher | None]:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
@@ -79,7 +80,7 @@ class LLMEngine:
       self.runner.download(len(self.in_flight))
       # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished), then the launched
       # step's tokens count as computed (advance skips the sequences those checks just finished)
-      outputs = [(seq, self.scheduler.postprocess(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch, self.in_flight)
+      outputs = [(seq, self.process_output(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch, self.in_flight)
     except Exception as e:
       # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), []
@@ -88,6 +89,28 @@ class LLMEngine:
     # a finished request leaves the engine with its last delta
     for seq in (seq for seq, _ in outputs if seq.status == Status.FINISHED): del self.requests[seq.request_id]
     return [RequestOutput(seq.request_id, seq.prompt_token_ids, [out], seq.status == Status.FINISHED) for seq, out in outputs]
+
+  def process_output(self, seq:Sequence, token:int, length:int) -> CompletionOutput:
+    """vLLM's output processing, of a token the scheduler kept (see step): counts it, detokenizes it with the sequence's detokenizer
+    (add_request's), checks the stop conditions (finishing the sequence on one) and emits the text decided; text that could be the start
+    of a stop string is held back until it is decided."""
+    params, searched, eos_ids = seq.params, len(seq.held_text), self.tokenizer.eos_ids
+    # its first token: its prompt is done
+    if length == seq.num_prompt_tokens + 1: self.num_prompt_tokens += seq.num_prompt_tokens
+    # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
+    self.num_generation_tokens += 1; seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
+    # EOS, or the end of its grammar
+    if token in eos_ids and not params.ignore_eos or seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"
+    # a match can only start in the new text or in the len(stop) - 1 held characters before it
+    for stop in params.stop:
+      if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
+        seq.held_text = seq.held_text[:i]; reason, stop_reason = "stop", stop
+    if reason is None and (length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len): reason = "length"
+    # the placeholder of a step scheduled meanwhile is dropped
+    if reason: del seq.token_ids[length:]; self.scheduler.finish(seq)
+    emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
+    text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
+    return CompletionOutput(0, text, [token], reason, stop_reason)
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""

@@ -138,11 +138,11 @@ class OpenAIServer:
   async def metrics(self, request): return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
   def collect(self):   # the engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape
-    bm, sch = self.llm.engine.block_manager, self.llm.engine.scheduler
+    engine, bm, sch = self.llm.engine, self.llm.engine.block_manager, self.llm.engine.scheduler
     for name, value in {"vllm:num_requests_running": len(sch.running), "vllm:num_requests_waiting": len(sch.waiting),
                         "vllm:kv_cache_usage_perc": 1 - bm.num_free / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
                         "vllm:prefix_cache_hits_total": bm.hits, "vllm:num_preemptions_total": sch.num_preemptions,
-                        "vllm:prompt_tokens_total": sch.num_prompt_tokens, "vllm:generation_tokens_total": sch.num_generation_tokens,
+                        "vllm:prompt_tokens_total": engine.num_prompt_tokens, "vllm:generation_tokens_total": engine.num_generation_tokens,
                         "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": bm.num_free}.items():   # raw counts: leak checks
       # a counter's family is named without the _total its sample carries, as prometheus_client's own counters are
       family = Metric(name.removesuffix("_total"), name.split(":")[1], "counter" if name.endswith("_total") else "gauge")

@@ -1,6 +1,6 @@
 """The tokenizer: text and chat messages to token ids, and token ids back to text one token at a time, from a model folder's
-tokenizer.json and chat template. llm_engine encodes prompts with it and gives each sequence a detokenizer, which the scheduler calls
-per token; chat.py renders chat prompts through it. It touches no tensor."""
+tokenizer.json and chat template. llm_engine encodes prompts with it and gives each sequence a detokenizer, which it calls per token
+(process_output); chat.py renders chat prompts through it. It touches no tensor."""
 import datetime, json, os, pathlib, typing, jinja2, jinja2.ext, jinja2.sandbox, tokenizers
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
