@@ -67,10 +67,19 @@ class LLMEngine:
   def has_unfinished(self) -> bool: return bool(self.requests)
 
   def step(self) -> list[RequestOutput]:
-    """One engine iteration, as vLLM's async scheduling: while the GPU runs step N, step N+1 is scheduled, packed and launched (its input
-    tokens that N samples are read on the device); then N's tokens are read, and detokenized and stop-checked while the GPU runs N+1. A
-    sequence that N finishes computes one more token in N+1, which is dropped. N+1 launches after N's tokens are read where it cannot run
-    ahead (see ModelRunner.prepare). Returns a delta (new text and token ids) for each request whose sequence produced a token."""
+    """One engine iteration, as vLLM's async scheduling: while the GPU runs step N (launched by the call before), step N+1 is scheduled,
+    packed and launched (its input tokens that N samples are read on the device), then N's tokens are read and turned into outputs while
+    the GPU runs N+1. Its phases, in order:
+    1. schedule N+1 (scheduler.schedule) and pack it (runner.prepare);
+    2. launch it, where it may run ahead of N's tokens (see ModelRunner.prepare);
+    3. read N's tokens and put them in place of their placeholders (runner.read, scheduler.receive, which drops the tokens of sequences
+       already finished: one that N finished computed one more token in N+1);
+    4. launch N+1 now where it could not run ahead (its grammar masks need N's tokens), and queue its tokens' copy to the host
+       (runner.download);
+    5. N's kept tokens as outputs: detokenized and stop-checked while the GPU runs N+1 (process_output);
+    6. N+1's tokens count as computed, and its sampling sequences hold placeholders for them (scheduler.advance, which skips the sequences
+       phase 5 just finished).
+    Returns a delta (new text and token ids) for each request whose sequence produced a token."""
     batch, sampling = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, self.in_flight, ahead = self.runner.prepare(batch) if batch else (lambda: None, [], False)
@@ -78,9 +87,8 @@ class LLMEngine:
       kept = self.scheduler.receive(sampling, self.runner.read(len(sampling)) if sampling else [])
       if not ahead: launch()
       self.runner.download(len(self.in_flight))
-      # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished), then the launched
-      # step's tokens count as computed (advance skips the sequences those checks just finished)
-      outputs = [(seq, self.process_output(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch, self.in_flight)
+      outputs = [(seq, self.process_output(seq, token, length)) for seq, token, length in kept]
+      self.scheduler.advance(batch, self.in_flight)
     except Exception as e:
       # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), []

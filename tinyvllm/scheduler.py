@@ -10,8 +10,9 @@ class Scheduler:
   """Continuous batching: every step fills a token budget, running sequences first (decodes and unfinished prompt chunks), then new
   prompts in arrival order, chunked so a long prompt never stalls the decodes. When blocks run out, the most recently admitted sequence is
   preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap). A step's bookkeeping is split
-  around the GPU, as in vLLM's async scheduling: `advance` right after its launch, `receive` when its tokens arrive (once the next step
-  is launched, or just before where it cannot run ahead); the engine's process_output then finishes the sequences a token stops."""
+  around the GPU, as in vLLM's async scheduling; the methods below come in the order LLMEngine.step calls them: `schedule` the next
+  step, `receive` the tokens of the one before (once the next step is launched, or just before where it cannot run ahead), `advance`
+  right after the next step's launch (after the engine's process_output has finished the sequences those tokens stopped), and `finish`."""
   def __init__(self, config:Config, block_manager:BlockManager):
     # running in admission order: the last one is the first to be preempted
     self.config, self.bm, self.waiting, self.running, self.num_preemptions = config, block_manager, collections.deque(), [], 0
@@ -37,6 +38,15 @@ class Scheduler:
       batch.append((seq, num_new := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_new
     return batch
 
+  def receive(self, sampling:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
+    """A step's tokens (one for each of its sampling sequences) replace their placeholders (the next step, launched ahead, read them on
+    the device; one that cannot run ahead, after this, for its grammars' masks). Returns (sequence, token, its length with the token) for
+    each token kept."""
+    # not a sequence the step before stopped
+    kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] < 0]
+    for seq, token, _ in kept: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
+    return kept
+
   def advance(self, batch:list[tuple[Sequence, int]], sampling:list[Sequence]):
     """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples (sampling, by
     row) holds a placeholder for the token the GPU is drawing, -1 - its row, so the next step can be scheduled and launched now (vLLM's
@@ -47,15 +57,6 @@ class Scheduler:
       seq.num_computed_tokens += num_new; self.bm.commit(seq)
     # (a mid-prompt chunk samples nothing)
     for row, seq in ((r, s) for r, s in enumerate(sampling) if s.status == Status.RUNNING): seq.token_ids.append(-1 - row)
-
-  def receive(self, sampling:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
-    """A step's tokens (one for each of its sampling sequences) replace their placeholders (the next step, launched ahead, read them on
-    the device; one that cannot run ahead, after this, for its grammars' masks). Returns (sequence, token, its length with the token) for
-    each token kept."""
-    # not a sequence the step before stopped
-    kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] < 0]
-    for seq, token, _ in kept: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
-    return kept
 
   def finish(self, seq:Sequence):
     if seq.status == Status.RUNNING: self.bm.free_blocks(seq); self.running.remove(seq)
