@@ -5,10 +5,9 @@ reaches the device only through the runner."""
 import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
 from tinyvllm.config import Config, log, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
-from tinyvllm.tokenizer import Tokenizer
+from tinyvllm.tokenizer import Tokenizer, grammar_tokenizer, compile_grammar, LLMatcher
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
-from tinyvllm.sampler import grammar_tokenizer, compile_grammar, LLMatcher
 
 # the server captures a pending graph only after this long without work, so a client's next request, sent as its last reply ends, never
 # waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new)
