@@ -61,5 +61,5 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   assert [(seq.request_id, out.token_ids, out.finish_reason) for seq, out in outputs] == [("a", [300], "length"), ("b", [301], None)]
   assert a.status == Status.FINISHED and bm.num_free == 16 - 1
   sch.advance(second, [a, b])                          # a ran for nothing: skipped; b holds a placeholder again (row 1)
-  assert a.num_computed_tokens == 0 and b.num_computed_tokens == 4 and b.token_ids[-1] == -2
+  assert a.num_computed_tokens == 6 and b.num_computed_tokens == 4 and b.token_ids[-1] == -2
   assert [(s.request_id, n) for s, n in sch.schedule()] == [("b", 1)] and bm.num_free == 16 - 2

@@ -29,12 +29,13 @@ class Scheduler:
       # front of the queue, to be recomputed
       while seq.status == Status.RUNNING and not self.bm.append(seq, num_new):
         victim = self.running.pop(); self.bm.free_blocks(victim); self.waiting.appendleft(victim)
-        victim.status, self.num_preemptions = Status.WAITING, self.num_preemptions + 1
+        victim.status, victim.num_computed_tokens, self.num_preemptions = Status.WAITING, 0, self.num_preemptions + 1
       if seq.status == Status.RUNNING: batch.append((seq, num_new)); budget -= num_new
     while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-      seq = self.waiting[0]
-      if not self.bm.allocate(seq): break
-      self.waiting.popleft(); self.running.append(seq); seq.status = Status.RUNNING
+      # its cached prefix counts as computed
+      seq, num_cached = self.waiting[0], self.bm.allocate(self.waiting[0])
+      if num_cached is None: break
+      self.waiting.popleft(); self.running.append(seq); seq.status, seq.num_computed_tokens = Status.RUNNING, num_cached
       batch.append((seq, num_new := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_new
     return batch
 
