@@ -10,7 +10,8 @@ from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
 
 # the server captures a pending graph only after this long without work, so a client's next request, sent as its last reply ends, never
-# waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new)
+# waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new).
+# The rest of the capture policy is ModelRunner's (capture_next)
 IDLE_CAPTURE_S = 0.5
 
 class EngineError(RuntimeError):
@@ -167,9 +168,11 @@ class AsyncLLM:
     # No collection first: it found ~20 objects to free here, in 0.1 s before the server could answer
     gc.freeze(); threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
-  def capture(self):
-    # the next pending graph, frozen out of the collector with the rest; one that fails is left out, and steps keep to the others
-    try: self.engine.runner.capture_next(); gc.collect(); gc.freeze()
+  def capture(self, num_seqs:int|None=None):
+    # the pending unit the runner's capture policy takes now (ModelRunner.capture_next: idle, the next; busy, num_seqs, maybe none), frozen
+    # out of the collector with the rest; one that fails is left out, and steps keep to the others
+    try:
+      if self.engine.runner.capture_next(num_seqs): gc.collect(); gc.freeze()
     except Exception: log.exception("capturing a step graph failed"); self.engine.runner.pending.pop(0)
 
   def loop(self):
@@ -186,11 +189,8 @@ class AsyncLLM:
         # a request the engine refuses fails alone
         try: call(*args)
         except Exception as e: outs.append((request_id, e))
-      # busy, with more sequences than the largest bucket captured holds: a capture's pause between steps, the wider buckets first (two
-      # pauses buy a wider bucket: its plain sampler, then its filtered one)
-      if runner.pending and len(scheduler.running) + len(scheduler.waiting) > runner.buckets[-1]:
-        runner.pending.sort(key=lambda unit: unit[0] <= runner.buckets[-1])
-        self.capture()
+      # busy: a capture's pause between steps, where the sequences outnumber the largest bucket captured
+      self.capture(len(scheduler.running) + len(scheduler.waiting))
       try: outs += [(out.request_id, out) for out in self.engine.step()]
       except Exception as e:
         # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
