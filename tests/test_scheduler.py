@@ -56,9 +56,12 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   kept = sch.receive([a, b], np.array([300, 301]))  # step one's tokens, before step two's launch reads them
   assert a.token_ids[-1] == 300 and b.token_ids == [1, 1, 1, 301]
   # while step two runs, the engine's output processing: a has its one token
-  engine = types.SimpleNamespace(scheduler=sch, tokenizer=tokenizer, config=sch.config, num_prompt_tokens=0, num_generation_tokens=0)
-  outputs = [(seq, LLMEngine.process_output(engine, seq, token, n)) for seq, token, n in kept]
-  assert [(seq.request_id, out.token_ids, out.finish_reason) for seq, out in outputs] == [("a", [300], "length"), ("b", [301], None)]
+  engine = types.SimpleNamespace(scheduler=sch, tokenizer=tokenizer, config=sch.config, requests={"a": a, "b": b}, num_prompt_tokens=0,
+                                 num_generation_tokens=0)
+  outputs = [LLMEngine.process_output(engine, seq, token, n) for seq, token, n in kept]
+  assert [(o.request_id, o.outputs[0].token_ids, o.outputs[0].finish_reason, o.finished) for o in outputs] == [("a", [300], "length", True),
+                                                                                                              ("b", [301], None, False)]
+  assert list(engine.requests) == ["b"]   # a finished request leaves the engine
   assert a.status == Status.FINISHED and bm.num_free == 16 - 1
   sch.advance(second, [a, b])                          # a ran for nothing: skipped; b holds a placeholder again (row 1)
   assert a.num_computed_tokens == 6 and b.num_computed_tokens == 4 and b.token_ids[-1] == -2

@@ -4,7 +4,7 @@ AsyncLLM the server's (the loop on a background thread, fed through an inbox). I
 reaches the device only through the runner."""
 import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
 from tinyvllm.config import Config, log, model_path, select_device
-from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
+from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, RequestOutput
 from tinyvllm.tokenizer import Tokenizer, grammar_tokenizer, compile_grammar, LLMatcher
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
@@ -87,21 +87,19 @@ class LLMEngine:
       kept = self.scheduler.receive(sampling, self.runner.read(len(sampling)) if sampling else [])
       if not ahead: launch()
       self.runner.download(len(self.in_flight))
-      outputs = [(seq, self.process_output(seq, token, length)) for seq, token, length in kept]
+      outputs = [self.process_output(seq, token, length) for seq, token, length in kept]
       self.scheduler.advance(batch, self.in_flight)
     except Exception as e:
       # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), []
       for request_id in failed: self.abort(request_id)
       raise EngineError(failed) from e
-    # a finished request leaves the engine with its last delta
-    for seq in (seq for seq, _ in outputs if seq.status == Status.FINISHED): del self.requests[seq.request_id]
-    return [RequestOutput(seq.request_id, seq.prompt_token_ids, [out], seq.status == Status.FINISHED) for seq, out in outputs]
+    return outputs
 
-  def process_output(self, seq:Sequence, token:int, length:int) -> CompletionOutput:
+  def process_output(self, seq:Sequence, token:int, length:int) -> RequestOutput:
     """vLLM's output processing, of a token the scheduler kept (see step): counts it, detokenizes it with the sequence's detokenizer
-    (add_request's), checks the stop conditions (finishing the sequence on one) and emits the text decided; text that could be the start
-    of a stop string is held back until it is decided."""
+    (add_request's), checks the stop conditions (finishing the sequence on one) and returns the request's delta, with the text decided;
+    text that could be the start of a stop string is held back until it is decided."""
     params, searched, eos_ids = seq.params, len(seq.held_text), self.tokenizer.eos_ids
     # its first token: its prompt is done
     if length == seq.num_prompt_tokens + 1: self.num_prompt_tokens += seq.num_prompt_tokens
@@ -114,11 +112,11 @@ class LLMEngine:
       if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
         seq.held_text = seq.held_text[:i]; reason, stop_reason = "stop", stop
     if reason is None and (length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len): reason = "length"
-    # the placeholder of a step scheduled meanwhile is dropped
-    if reason: del seq.token_ids[length:]; self.scheduler.finish(seq)
+    # the placeholder of a step scheduled meanwhile is dropped; a finished request leaves the engine with its last delta
+    if reason: del seq.token_ids[length:]; self.scheduler.finish(self.requests.pop(seq.request_id))
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
-    text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
-    return CompletionOutput(0, text, [token], reason, stop_reason)
+    out, seq.held_text = CompletionOutput(0, seq.held_text[:emit], [token], reason, stop_reason), seq.held_text[emit:]
+    return RequestOutput(seq.request_id, seq.prompt_token_ids, [out], reason is not None)
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
