@@ -1,7 +1,8 @@
 """The engine, first stop of a request below the server: serve.py -> llm_engine -> scheduler -> model_runner / block_manager. LLMEngine
-checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, receive, process_output); LLM is the offline API over it,
-AsyncLLM the server's (the loop on a background thread, fed through an inbox). It owns the tokenizer, the scheduler and the runner, and
-reaches the device only through the runner."""
+checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, receive, advance: see step), and is vLLM's output
+processor too: a sampled token back to text, stop checks and the request's output (process_output), with the tokenizer it owns. LLM is
+the offline API over it, AsyncLLM the server's (the loop on a background thread, fed through an inbox). It owns the tokenizer, the
+scheduler and the runner, and reaches the device only through the runner."""
 import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
 from tinyvllm.config import Config, log, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, RequestOutput

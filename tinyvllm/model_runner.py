@@ -1,7 +1,7 @@
 """The runner, the device side of a step: llm_engine hands it the scheduler's batch, it packs the batch into one step buffer and
 launches the model (model.py, attention.py over the KV pool it owns) and the sampler (sampler.py) as captured TinyJit graphs, and
 reads the sampled tokens back once the step has run. Everything on the device goes through it; it also keeps tinygrad's compile caches
-across start-ups."""
+across start-ups and decides when each graph is captured (capture_next). llm_engine alone calls it."""
 import ctypes, functools, itertools, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
