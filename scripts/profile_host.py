@@ -15,7 +15,7 @@ import numpy as np
 from tinygrad import Tensor
 from tinygrad.engine.jit import _TinyJit
 from scripts.bench import model_folder
-from tinyvllm import LLM, SamplingParams, scheduler, model_runner, tokenizer, block_manager
+from tinyvllm import LLM, SamplingParams, scheduler, model_runner, tokenizer, block_manager, llm_engine
 
 def timed(f, key, acc):
   def w(*a, **k):
@@ -40,8 +40,10 @@ if __name__ == "__main__":
   Tensor.tolist = timed(Tensor.tolist, "wait for the GPU (tolist)", acc)
   Tensor.numpy = timed(Tensor.numpy, "wait for the GPU (numpy)", acc)
   runner_fn = "prepare" if hasattr(model_runner.ModelRunner, "prepare") else "run"
-  stop_fn = "postprocess" if hasattr(scheduler.Scheduler, "postprocess") else "check_stop"   # renamed in #55
-  for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, runner_fn), (scheduler.Scheduler, stop_fn),
+  # the stop checks: the engine's process_output since #64, the scheduler's postprocess before it (check_stop before #55)
+  stop_at = next((cls, n) for cls, n in ((llm_engine.LLMEngine, "process_output"), (scheduler.Scheduler, "postprocess"),
+                                        (scheduler.Scheduler, "check_stop")) if hasattr(cls, n))
+  for cls, name in [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, runner_fn), stop_at,
                     (block_manager.BlockManager, "commit"), (_TinyJit, "__call__"),
                     *[(scheduler.Scheduler, name) for name in ("receive", "advance", "check_stop") if hasattr(scheduler.Scheduler, name)],
                     *[(model_runner.ModelRunner, name) for name in ("read", "download") if hasattr(model_runner.ModelRunner, name)]]:

@@ -6,6 +6,10 @@ from tinyvllm.sequence import Sequence, SamplingParams
 
 BS = 4
 
+def admit(bm, seq):   # what the scheduler does on admission: the cached prefix counts as computed
+  if (cached := bm.allocate(seq)) is not None: seq.num_computed_tokens = cached
+  return cached is not None
+
 def compute(bm, seq, n):   # what the engine does after a step computed n more tokens of seq
   bm.append(seq, n); seq.num_computed_tokens += n; bm.commit(seq)
 
@@ -25,7 +29,7 @@ def test_refcounts_exact_after_any_operations(operations, caching):
   for op, r in operations:
     if op == "new":   # prompts from a tiny alphabet so prefixes repeat and the cache gets hits
       seq = Sequence("r", [r % 2] * (1 + r % 13), SamplingParams())
-      if bm.allocate(seq): live.append(seq); compute(bm, seq, len(seq) - seq.num_computed_tokens)
+      if admit(bm, seq): live.append(seq); compute(bm, seq, len(seq) - seq.num_computed_tokens)
     elif live and op == "grow":
       seq = live[r % len(live)]; seq.token_ids.append(r % 3)
       if bm.append(seq, 1): compute(bm, seq, 1)
@@ -37,22 +41,22 @@ def test_refcounts_exact_after_any_operations(operations, caching):
 
 def test_prefix_hit_shares_the_same_physical_blocks():
   bm = BlockManager(16, BS)
-  a = Sequence("a", list(range(10)), SamplingParams()); assert bm.allocate(a); compute(bm, a, 10)
-  b = Sequence("b", list(range(9)) + [99, 98], SamplingParams()); assert bm.allocate(b)
+  a = Sequence("a", list(range(10)), SamplingParams()); assert admit(bm, a); compute(bm, a, 10)
+  b = Sequence("b", list(range(9)) + [99, 98], SamplingParams()); assert admit(bm, b)
   assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2] and b.num_computed_tokens == 8
   assert bm.ref[a.block_table[0]] == 2 and (bm.queries, bm.hits) == (10 + 11, 8)
 
 def test_freed_cached_blocks_are_found_again_until_evicted():
   bm = BlockManager(4, BS)
-  a = Sequence("a", list(range(9)), SamplingParams()); assert bm.allocate(a); compute(bm, a, 9); bm.free_blocks(a)
-  again = Sequence("a2", list(range(9)), SamplingParams()); assert bm.allocate(again)
+  a = Sequence("a", list(range(9)), SamplingParams()); assert admit(bm, a); compute(bm, a, 9); bm.free_blocks(a)
+  again = Sequence("a2", list(range(9)), SamplingParams()); assert admit(bm, again)
   assert again.num_computed_tokens == 8; bm.free_blocks(again)
-  other = Sequence("o", [7] * 16, SamplingParams()); assert bm.allocate(other); compute(bm, other, 16)   # needs every block: evicts
+  other = Sequence("o", [7] * 16, SamplingParams()); assert admit(bm, other); compute(bm, other, 16)   # needs every block: evicts
   bm.free_blocks(other); a3 = Sequence("a3", list(range(9)), SamplingParams())
-  assert bm.allocate(a3) and a3.num_computed_tokens == 0 and bm.hits == 8
+  assert admit(bm, a3) and a3.num_computed_tokens == 0 and bm.hits == 8
 
 def test_whole_prompt_in_cache_still_computes_its_last_token():
   bm = BlockManager(8, BS)
-  a = Sequence("a", list(range(8)), SamplingParams()); assert bm.allocate(a); compute(bm, a, 8)
-  b = Sequence("b", list(range(8)), SamplingParams()); assert bm.allocate(b)
+  a = Sequence("a", list(range(8)), SamplingParams()); assert admit(bm, a); compute(bm, a, 8)
+  b = Sequence("b", list(range(8)), SamplingParams()); assert admit(bm, b)
   assert b.num_computed_tokens == 4 and b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]

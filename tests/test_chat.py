@@ -7,7 +7,7 @@ import asyncio, contextlib, functools, json, operator, os, pathlib, shutil, subp
 from concurrent.futures import ThreadPoolExecutor
 import jsonschema, openai, pydantic, pytest, torch, transformers
 from tinyvllm.chat import OutputParser, merge, request
-from tinyvllm.sampler import grammar_tokenizer
+from tinyvllm.tokenizer import grammar_tokenizer
 from tinyvllm.sequence import CompletionOutput
 from tinyvllm.tokenizer import Tokenizer
 

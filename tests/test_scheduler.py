@@ -1,9 +1,10 @@
 """Scheduler rules on their own (no model): decodes first, prompts chunked to the token budget, preemption of the newest sequence, and
 async scheduling's bookkeeping around a step whose tokens are still on the GPU."""
-import numpy as np
+import types, numpy as np
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.config import Config
 from tinyvllm.scheduler import Scheduler
+from tinyvllm.llm_engine import LLMEngine
 from tinyvllm.sequence import Sequence, SamplingParams, Status
 from tinyvllm.tokenizer import Tokenizer
 from tinyvllm.config import BUNDLED_MODEL
@@ -14,7 +15,7 @@ def engine_step(sch, batch):   # what the engine does with a batch: compute the 
     if seq.num_computed_tokens == len(seq): seq.token_ids.append(7)
 
 def test_decodes_first_then_chunked_prompts_within_budget():
-  sch = Scheduler(Config(max_num_batched_tokens=32, max_num_seqs=8, block_size=4), BlockManager(64, 4), set())
+  sch = Scheduler(Config(max_num_batched_tokens=32, max_num_seqs=8, block_size=4), BlockManager(64, 4))
   short, long = Sequence("a", [1] * 5, SamplingParams()), Sequence("b", list(range(70)), SamplingParams())
   sch.waiting.extend([short, long])
   first = sch.schedule()
@@ -27,7 +28,7 @@ def test_decodes_first_then_chunked_prompts_within_budget():
 
 def test_out_of_blocks_preempts_the_newest_and_recomputes_it():
   bm = BlockManager(6, 4)
-  sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4), bm, set())
+  sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4), bm)
   old, new = Sequence("old", [1] * 12, SamplingParams()), Sequence("new", [2] * 12, SamplingParams())
   sch.waiting.extend([old, new])
   engine_step(sch, sch.schedule())                     # 3 + 3 blocks: the pool is full, both hold 13 tokens
@@ -43,7 +44,7 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   next step's graph reads it on the device), so the next step schedules its decode at once. receive() puts the real token in. A sequence the late token stops has run once more for nothing:
   advance() skips it and its blocks are already back."""
   bm, tokenizer = BlockManager(16, 4), Tokenizer(BUNDLED_MODEL)
-  sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4, max_model_len=64), bm, set())
+  sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4, max_model_len=64), bm)
   a, b = Sequence("a", [1] * 6, SamplingParams(max_tokens=1)), Sequence("b", [1] * 3, SamplingParams(max_tokens=5))
   for seq in (a, b): seq.detok = tokenizer.detokenizer(seq.token_ids)
   sch.waiting.extend([a, b])
@@ -54,9 +55,14 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   assert [(s.request_id, n) for s, n in second] == [("a", 1), ("b", 1)]
   kept = sch.receive([a, b], np.array([300, 301]))  # step one's tokens, before step two's launch reads them
   assert a.token_ids[-1] == 300 and b.token_ids == [1, 1, 1, 301]
-  outputs = [(seq, sch.postprocess(seq, token, n)) for seq, token, n in kept]   # while step two runs: a has its one token
-  assert [(seq.request_id, out.token_ids, out.finish_reason) for seq, out in outputs] == [("a", [300], "length"), ("b", [301], None)]
+  # while step two runs, the engine's output processing: a has its one token
+  engine = types.SimpleNamespace(scheduler=sch, tokenizer=tokenizer, config=sch.config, requests={"a": a, "b": b}, num_prompt_tokens=0,
+                                 num_generation_tokens=0)
+  outputs = [LLMEngine.process_output(engine, seq, token, n) for seq, token, n in kept]
+  assert [(o.request_id, o.outputs[0].token_ids, o.outputs[0].finish_reason, o.finished) for o in outputs] == [("a", [300], "length", True),
+                                                                                                              ("b", [301], None, False)]
+  assert list(engine.requests) == ["b"]   # a finished request leaves the engine
   assert a.status == Status.FINISHED and bm.num_free == 16 - 1
   sch.advance(second, [a, b])                          # a ran for nothing: skipped; b holds a placeholder again (row 1)
-  assert a.num_computed_tokens == 0 and b.num_computed_tokens == 4 and b.token_ids[-1] == -2
+  assert a.num_computed_tokens == 6 and b.num_computed_tokens == 4 and b.token_ids[-1] == -2
   assert [(s.request_id, n) for s, n in sch.schedule()] == [("b", 1)] and bm.num_free == 16 - 2

@@ -1,7 +1,7 @@
 """Structured outputs through llguidance grammars, on a random-weight Llama with Llama 3's 128k vocabulary: whatever the random logits
 prefer, every finished output parses and validates (jsonschema is the independent judge); rows without a grammar sample as before."""
 import json, jsonschema, pytest, llguidance
-import tinyvllm.llm_engine, tinyvllm.sampler
+import tinyvllm.llm_engine, tinyvllm.tokenizer
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.sequence import ParamError
 
@@ -30,7 +30,7 @@ class CountingMatcher:
 @pytest.fixture
 def counting(monkeypatch):
   counter = CountingMatcher()
-  for module in (tinyvllm.sampler, tinyvllm.llm_engine): monkeypatch.setattr(module, "LLMatcher", counter)
+  for module in (tinyvllm.tokenizer, tinyvllm.llm_engine): monkeypatch.setattr(module, "LLMatcher", counter)
   return counter
 
 def test_grammar_compiled_once_per_request_offline(llm, counting):

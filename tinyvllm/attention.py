@@ -33,6 +33,21 @@ def kv_write(k_pool:Tensor, v_pool:Tensor, slots:Tensor, qkv:Tensor) -> tuple[Te
   place; -1 = padding row. Returns the pools after the write."""
   return tuple(k_pool.custom_kernel(v_pool, slots, qkv, fxn=_kv_write_kernel)[:2])
 
+# The paged attention kernel's axes (UOp.range ids) and buffers, GPU / CPU where they differ; U = D/LANES dims per lane, P positions per
+# iteration:
+#   id  name  size                       type              walks
+#    0  n     N                          GLOBAL            query tokens
+#    1  c     C                          GLOBAL / LOOP     chunks of each token's context (flash-decoding)
+#    2  e     LANES (D/8 / 1)            LOCAL / LOOP      lanes of a KV head, each owning U of the D dims
+#    3  kvh   KVH                        LOCAL / LOOP      KV heads
+#    4  t     ceil(L[n] / (C*P))         REDUCE            iterations over the chunk's positions (data-dependent trip count)
+#    5  k     U                          UNROLL            a lane's dims in the q.k dot product
+#    6  d     U                          UPCAST            a lane's dims of the output (acc)
+#    8  g     G = H/KVH                  UPCAST            the KV head's query heads (GQA)
+#   10  j     LANES                      REDUCE            the lanes' partial dot products summed (GPU only)
+#   11  q     P                          UPCAST            the iteration's positions
+#   buffers (placeholder slots): 10 m (G,), 11 l (G,), 12 acc (G, U) in registers (online softmax); 20 the lanes' partial scores
+#   (KVH, LANES, G, P) in shared memory (GPU only). tinygrad numbers its own reduce accumulators from 0, hence ours from 10
 def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UOp, block_size:int, has_local:bool) -> UOp:
   # flash-decoding (vLLM's paged_attention_v2): each query token's context is split into C equal chunks, and a thread group per
   # (token n, KV head, chunk c) walks its chunk once with an online softmax for the KV head's G query heads. The partial (m, l, acc) of the

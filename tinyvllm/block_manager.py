@@ -1,5 +1,6 @@
 """KV blocks as bookkeeping: which blocks of model_runner's KV pool each sequence holds (its block table), and prefix caching. Only the
-scheduler calls it; it writes the sequences' block tables and counts, and never touches the pool itself."""
+scheduler calls it; it writes the sequences' block tables and block hashes (how many tokens are computed is the scheduler's to
+write), and never touches the pool itself."""
 import collections, hashlib, itertools
 from tinyvllm.sequence import Sequence
 
@@ -24,19 +25,20 @@ class BlockManager:
     b, _ = self.free.popitem(last=False); self.cached.pop(self.hash_of.pop(b, None), None)
     self.ref[b] = 1; return b
 
-  def allocate(self, seq:Sequence) -> bool:
+  def allocate(self, seq:Sequence) -> int | None:
     """Admit seq: share its cached prefix (the cached blocks matching its start; the last token is always left to compute, since its
-    logits are needed), and take fresh blocks for the rest of its tokens."""
+    logits are needed), and take fresh blocks for the rest of its tokens. Returns how many of its tokens the shared blocks hold (the
+    scheduler counts them as computed), or None, taking nothing, if its blocks don't fit."""
     chunks = (seq.token_ids[j*self.block_size:(j+1)*self.block_size] for j in range((len(seq) - 1) // self.block_size if self.caching else 0))
     # each full block's chained hash, lazily, up to the first block not cached
     hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)
     shared = list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))
     need = -(-len(seq) // self.block_size) - len(shared)
-    if need + sum(self.ref[b] == 0 for b in shared) > self.num_free: return False
+    if need + sum(self.ref[b] == 0 for b in shared) > self.num_free: return None
     for b in shared: self.free.pop(b, None); self.ref[b] += 1
-    seq.block_table = shared + [self._take() for _ in range(need)]; seq.num_computed_tokens = len(shared) * self.block_size
+    seq.block_table, cached = shared + [self._take() for _ in range(need)], len(shared) * self.block_size
     seq.block_hashes = [self.hash_of[b] for b in shared] if all(b in self.hash_of for b in shared) else []
-    self.queries, self.hits = self.queries + len(seq), self.hits + seq.num_computed_tokens; return True
+    self.queries, self.hits = self.queries + len(seq), self.hits + cached; return cached
 
   def append(self, seq:Sequence, num_new:int) -> bool:
     """Grow the block table on demand so the next num_new tokens have slots; False, taking nothing, if too few blocks are free."""
@@ -55,4 +57,4 @@ class BlockManager:
       # a freed block goes to the back of the free list if it is cached, to the front if not (reused first)
       self.ref[b] -= 1
       if self.ref[b] == 0: self.free[b] = None; self.free.move_to_end(b, last=b in self.hash_of)
-    seq.block_table, seq.num_computed_tokens = [], 0
+    seq.block_table = []

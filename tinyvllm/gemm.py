@@ -1,6 +1,13 @@
-"""The kernel room: a Hopper tensor-core GEMM, y = x @ w.T in bf16 with fp32 accumulation, as CUDA source that tinygrad launches as an
-Ops.PROGRAM through Tensor.custom_kernel, so it stays lazy and replays inside TinyJit's CUDA graph. tinygrad's own matmuls reach ~5% of
-cuBLAS on Hopper: they stage no tiles through shared memory and cannot use wgmma, which needs the sm_90a target tinygrad never sets."""
+"""Every linear layer's matmul, on every device: model.py calls `matmul` (y = x @ w.T, the dense layers, the LM head and the MoE experts),
+which picks the kernel by shape and device, and model_runner and attention.py take `empty` (output buffers, split for tensor parallelism)
+from here. It holds, in file order:
+- the Hopper tensor-core GEMM (SRC, _kernel, plan): bf16 with fp32 accumulation, CUDA source that tinygrad launches as an Ops.PROGRAM
+  through Tensor.custom_kernel, so it stays lazy and replays inside TinyJit's CUDA graph (tinygrad's own matmuls reach ~5% of cuBLAS on
+  Hopper: they stage no tiles through shared memory and cannot use wgmma, which needs the sm_90a target tinygrad never sets);
+- the GEMV for decode-sized steps (_gemv_kernel, gemv): portable UOp source, every device, also with an expert per row for MoE decode;
+- `empty`, `all_reduce` (tensor parallelism: the sum of row-parallel partial products) and `hopper` (where the GEMM runs);
+- `matmul`, the entry point: our GEMV, our GEMM, or tinygrad's own matmul where neither fits.
+On one request's path it sits under model.py, below everything but tinygrad; it knows nothing of requests, paging or sampling."""
 import functools, os
 from tinygrad import Tensor, Device, UOp, dtypes
 from tinygrad.uop.ops import Ops, KernelInfo, ProgramInfo, AxisType, AddrSpace

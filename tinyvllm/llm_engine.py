@@ -1,17 +1,18 @@
 """The engine, first stop of a request below the server: serve.py -> llm_engine -> scheduler -> model_runner / block_manager. LLMEngine
-checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, receive, postprocess); LLM is the offline API over it,
-AsyncLLM the server's (the loop on a background thread, fed through an inbox). It owns the tokenizer, the scheduler and the runner, and
-reaches the device only through the runner."""
+checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, receive, advance: see step), and is vLLM's output
+processor too: a sampled token back to text, stop checks and the request's output (process_output), with the tokenizer it owns. LLM is
+the offline API over it, AsyncLLM the server's (the loop on a background thread, fed through an inbox). It owns the tokenizer, the
+scheduler and the runner, and reaches the device only through the runner."""
 import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
 from tinyvllm.config import Config, log, model_path, select_device
-from tinyvllm.sequence import SamplingParams, Sequence, Status, CompletionOutput, RequestOutput
-from tinyvllm.tokenizer import Tokenizer
+from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, RequestOutput
+from tinyvllm.tokenizer import Tokenizer, grammar_tokenizer, compile_grammar, LLMatcher
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.scheduler import Scheduler
-from tinyvllm.sampler import grammar_tokenizer, compile_grammar, LLMatcher
 
 # the server captures a pending graph only after this long without work, so a client's next request, sent as its last reply ends, never
-# waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new)
+# waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new).
+# The rest of the capture policy is ModelRunner's (capture_next)
 IDLE_CAPTURE_S = 0.5
 
 class EngineError(RuntimeError):
@@ -34,10 +35,11 @@ class LLMEngine:
     # the resolved config (the context length the model and the KV pool allow) flows on; the caller's Config is left as it was
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
     self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-    self.scheduler = Scheduler(config, self.block_manager, self.tokenizer.eos_ids)
+    self.scheduler = Scheduler(config, self.block_manager)
     # requests: request id -> its sequence; in_flight: the sequences that sample in the step launched last, whose tokens the host has
     # not read yet
     self.requests, self.in_flight, self.grammar_tokenizer = {}, [], grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
+    self.num_prompt_tokens = self.num_generation_tokens = 0   # counters
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams, matcher=None) -> tuple[list[int], LLMatcher | None]:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
@@ -66,10 +68,19 @@ class LLMEngine:
   def has_unfinished(self) -> bool: return bool(self.requests)
 
   def step(self) -> list[RequestOutput]:
-    """One engine iteration, as vLLM's async scheduling: while the GPU runs step N, step N+1 is scheduled, packed and launched (its input
-    tokens that N samples are read on the device); then N's tokens are read, and detokenized and stop-checked while the GPU runs N+1. A
-    sequence that N finishes computes one more token in N+1, which is dropped. N+1 launches after N's tokens are read where it cannot run
-    ahead (see ModelRunner.prepare). Returns a delta (new text and token ids) for each request whose sequence produced a token."""
+    """One engine iteration, as vLLM's async scheduling: while the GPU runs step N (launched by the call before), step N+1 is scheduled,
+    packed and launched (its input tokens that N samples are read on the device), then N's tokens are read and turned into outputs while
+    the GPU runs N+1. Its phases, in order:
+    1. schedule N+1 (scheduler.schedule) and pack it (runner.prepare);
+    2. launch it, where it may run ahead of N's tokens (see ModelRunner.prepare);
+    3. read N's tokens and put them in place of their placeholders (runner.read, scheduler.receive, which drops the tokens of sequences
+       already finished: one that N finished computed one more token in N+1);
+    4. launch N+1 now where it could not run ahead (its grammar masks need N's tokens), and queue its tokens' copy to the host
+       (runner.download);
+    5. N's kept tokens as outputs: detokenized and stop-checked while the GPU runs N+1 (process_output);
+    6. N+1's tokens count as computed, and its sampling sequences hold placeholders for them (scheduler.advance, which skips the sequences
+       phase 5 just finished).
+    Returns a delta (new text and token ids) for each request whose sequence produced a token."""
     batch, sampling = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, self.in_flight, ahead = self.runner.prepare(batch) if batch else (lambda: None, [], False)
@@ -77,17 +88,36 @@ class LLMEngine:
       kept = self.scheduler.receive(sampling, self.runner.read(len(sampling)) if sampling else [])
       if not ahead: launch()
       self.runner.download(len(self.in_flight))
-      # each kept token checked while the GPU runs the next step (receive dropped the sequences already finished), then the launched
-      # step's tokens count as computed (advance skips the sequences those checks just finished)
-      outputs = [(seq, self.scheduler.postprocess(seq, token, length)) for seq, token, length in kept]; self.scheduler.advance(batch, self.in_flight)
+      outputs = [self.process_output(seq, token, length) for seq, token, length in kept]
+      self.scheduler.advance(batch, self.in_flight)
     except Exception as e:
       # only the requests of the failed steps fail: aborted here, they give their blocks back
       failed, self.in_flight = list(dict.fromkeys(seq.request_id for seq in sampling + [seq for seq, _ in batch])), []
       for request_id in failed: self.abort(request_id)
       raise EngineError(failed) from e
-    # a finished request leaves the engine with its last delta
-    for seq in (seq for seq, _ in outputs if seq.status == Status.FINISHED): del self.requests[seq.request_id]
-    return [RequestOutput(seq.request_id, seq.prompt_token_ids, [out], seq.status == Status.FINISHED) for seq, out in outputs]
+    return outputs
+
+  def process_output(self, seq:Sequence, token:int, length:int) -> RequestOutput:
+    """vLLM's output processing, of a token the scheduler kept (see step): counts it, detokenizes it with the sequence's detokenizer
+    (add_request's), checks the stop conditions (finishing the sequence on one) and returns the request's delta, with the text decided;
+    text that could be the start of a stop string is held back until it is decided."""
+    params, searched, eos_ids = seq.params, len(seq.held_text), self.tokenizer.eos_ids
+    # its first token: its prompt is done
+    if length == seq.num_prompt_tokens + 1: self.num_prompt_tokens += seq.num_prompt_tokens
+    # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
+    self.num_generation_tokens += 1; seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
+    # EOS, or the end of its grammar
+    if token in eos_ids and not params.ignore_eos or seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"
+    # a match can only start in the new text or in the len(stop) - 1 held characters before it
+    for stop in params.stop:
+      if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
+        seq.held_text = seq.held_text[:i]; reason, stop_reason = "stop", stop
+    if reason is None and (length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len): reason = "length"
+    # the placeholder of a step scheduled meanwhile is dropped; a finished request leaves the engine with its last delta
+    if reason: del seq.token_ids[length:]; self.scheduler.finish(self.requests.pop(seq.request_id))
+    emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
+    out, seq.held_text = CompletionOutput(0, seq.held_text[:emit], [token], reason, stop_reason), seq.held_text[emit:]
+    return RequestOutput(seq.request_id, seq.prompt_token_ids, [out], reason is not None)
 
 class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
@@ -129,18 +159,19 @@ class AsyncLLM:
   """The server's engine: the loop runs in one background thread; each request is an async iterator of deltas on the caller's event loop.
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
-    # work: set when the engine thread has something to do; inbox: (request id, prompt token ids, params, its compiled grammar or None)
-    # for a new request, (request id, None, None, None) for an abort; queues: request id -> (the event loop of its caller, the queue its
-    # outputs go to)
+    # work: set when the engine thread has something to do; inbox: (request id, the engine's method to call for it between steps,
+    # add_request or abort, and its arguments); queues: request id -> (the event loop of its caller, the queue its outputs go to)
     self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped.
     # No collection first: it found ~20 objects to free here, in 0.1 s before the server could answer
     gc.freeze(); threading.Thread(target=self.loop, daemon=True, name="tinyvllm-engine").start()
 
-  def capture(self):
-    # the next pending graph, frozen out of the collector with the rest; one that fails is left out, and steps keep to the others
-    try: self.engine.runner.capture_next(); gc.collect(); gc.freeze()
+  def capture(self, num_seqs:int|None=None):
+    # the pending unit the runner's capture policy takes now (ModelRunner.capture_next: idle, the next; busy, num_seqs, maybe none), frozen
+    # out of the collector with the rest; one that fails is left out, and steps keep to the others
+    try:
+      if self.engine.runner.capture_next(num_seqs): gc.collect(); gc.freeze()
     except Exception: log.exception("capturing a step graph failed"); self.engine.runner.pending.pop(0)
 
   def loop(self):
@@ -153,15 +184,12 @@ class AsyncLLM:
       # outs: (request id, its output or its error), delivered after the step
       outs: list[tuple[str, RequestOutput | Exception]] = []
       while not self.inbox.empty():
-        request_id, prompt, params, matcher = self.inbox.get()
-        # a new request (params) or an abort (none); a request the engine refuses fails alone
-        try: self.engine.add_request(prompt, params, request_id, matcher) if params else self.engine.abort(request_id)
+        request_id, call, args = self.inbox.get()
+        # a request the engine refuses fails alone
+        try: call(*args)
         except Exception as e: outs.append((request_id, e))
-      # busy, with more sequences than the largest bucket captured holds: a capture's pause between steps, the wider buckets first (two
-      # pauses buy a wider bucket: its plain sampler, then its filtered one)
-      if runner.pending and len(scheduler.running) + len(scheduler.waiting) > runner.buckets[-1]:
-        runner.pending.sort(key=lambda unit: unit[0] <= runner.buckets[-1])
-        self.capture()
+      # busy: a capture's pause between steps, where the sequences outnumber the largest bucket captured
+      self.capture(len(scheduler.running) + len(scheduler.waiting))
       try: outs += [(out.request_id, out) for out in self.engine.step()]
       except Exception as e:
         # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
@@ -177,7 +205,7 @@ class AsyncLLM:
 
   async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str, matcher:LLMatcher|None=None):
     self.queues[request_id], finished = (asyncio.get_running_loop(), q := asyncio.Queue()), False
-    self.inbox.put((request_id, prompt_token_ids, params, matcher)); self.work.set()
+    self.inbox.put((request_id, self.engine.add_request, (prompt_token_ids, params, request_id, matcher))); self.work.set()
     try:
       while not finished:
         if isinstance(out := await q.get(), Exception): raise out
@@ -187,4 +215,4 @@ class AsyncLLM:
       self.queues.pop(request_id, None)
       if not finished: self.abort(request_id)
 
-  def abort(self, request_id:str): self.inbox.put((request_id, None, None, None)); self.work.set()
+  def abort(self, request_id:str): self.inbox.put((request_id, self.engine.abort, (request_id,))); self.work.set()

@@ -10,6 +10,12 @@ from tinyvllm import gemm
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
 def read_config(model_dir:str) -> dict:
+  """config.json's keys as Hugging Face wrote them, and these, which the engine reads as if they were (derived here, once):
+  head_dim, num_key_value_heads, rope_theta   HF's own keys, filled in where a config leaves them out (transformers' defaults)
+  rope                                        rope_scaling or rope_parameters (transformers 5), {} without either
+  qkv_bias, qk_norm                           the architecture's q/k/v projection biases (Qwen2), its q/k norms (Qwen3)
+  moe_layers, moe_names, num_experts          the sparse layers, the experts' tensor names (Mixtral's or Qwen's), E (0: dense)
+  norm_topk_prob                              whether the top-k router weights are renormalized (always for Mixtral)"""
   if not os.path.isfile(path := os.path.join(model_dir, "config.json")): raise FileNotFoundError(f"no model at {model_dir!r}: {path} not found")
   raw = json.load(open(path))
   if (arch := (raw.get("architectures") or ["?"])[0]) not in ARCHITECTURES:
@@ -130,13 +136,13 @@ class Transformer:
       x = x + self.linear((gate.silu() * up).contiguous(), p+"mlp.down_proj")
     return gemm.matmul(self.norm(x, self.w["model.norm.weight"])[rows], self.lm_head).float()
 
-  def experts(self, x:Tensor, p:str, T:int=64) -> Tensor:
+  def experts(self, x:Tensor, p:str, tile_rows:int=64) -> Tensor:
     """The sparse MoE block, exact (every token keeps its k experts; no capacity drops). Decode-sized steps (under 4 rows per expert on
     average where the tiles run on Hopper's wgmma, 32 elsewhere) run a row per (token, expert) assignment through gemm's GEMV, each row
     reading only its expert's rows of the stacked weights; a step's rows of one expert meet in L2, as a block of W's rows is read by all of
-    them at once. Larger steps are vLLM's fused_moe: the N*k assignments sorted by expert (a counting sort) into tiles of T rows (64: a
-    tile of gemm's wgmma kernel on Hopper), each tile padded and owned by one expert, so a chosen expert's weights are read once per tile of
-    its tokens, not once per token. Which is faster where: BENCHMARKS.md."""
+    them at once. Larger steps are vLLM's fused_moe: the N*k assignments sorted by expert (a counting sort) into tiles of tile_rows rows
+    (64: a tile of gemm's wgmma kernel on Hopper), each tile padded and owned by one expert, so a chosen expert's weights are read once per
+    tile of its tokens, not once per token. Which is faster where: BENCHMARKS.md."""
     c, (N, D), arange = self.hf_config, x.shape, Tensor.arange
     E, k, A, i = c["num_experts"], c["num_experts_per_tok"], N * c["num_experts_per_tok"], arange(c["num_experts"])
     # router: softmax over all E logits in float32, then the top k (rank = how many experts beat one; ties go to the lower id, as torch.topk's)
@@ -146,24 +152,24 @@ class Transformer:
     weights = probs.gather(-1, sel := (rank.unsqueeze(1) == arange(k).unsqueeze(-1)).where(i, 0).sum(-1))
     if c["norm_topk_prob"]: weights = weights / weights.sum(-1, keepdim=True)
     stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)   # (E, rows, cols)
-    # inputs: x's row of each output row; owner: the expert of each row (decode), or of each tile of T rows; row_of: tiles only, below
+    # inputs: x's row of each output row; owner: the expert of each row (decode), or of each tile's rows; row_of: tiles only, below
     # the tiles pay from ~4 rows per expert on average on wgmma (Hopper, bf16), from ~32 on tinygrad's matmul (BENCHMARKS.md)
     if A < (4 if gemm.hopper(x.device) and x.dtype == dtypes.bfloat16 else 32) * E: inputs, owner, row_of = x, sel.flatten(), None
     else:
       # counted per token, not per assignment: a token picks an expert at most once, so each scan below covers N rows, not N*k
       # (N, E) 0/1; tiles: each expert's whole ones and at most one partial
-      chosen, tiles = (sel.unsqueeze(-1) == i).sum(1), A // T + min(E, A)
+      chosen, tiles = (sel.unsqueeze(-1) == i).sum(1), A // tile_rows + min(E, A)
       # each expert's rows end where its padded tiles do
-      ends = (padded := (chosen.sum(0) + T - 1) // T * T).cumsum()
+      ends = (padded := (chosen.sum(0) + tile_rows - 1) // tile_rows * tile_rows).cumsum()
       # (N, E): the row of token n's assignment to expert e, the expert's tokens in order
       row_of = ends - padded + chosen.cumsum(0) - 1
       # a tile's expert: how many experts' rows end by its first row; -1 past the last one (padding, which the wgmma kernel skips and
       # tinygrad's indexing reads as expert E-1)
-      owner = (((ends <= arange(tiles).unsqueeze(1) * T).sum(1) + 1) % (E + 1) - 1).reshape(tiles, 1).expand(tiles, T)
+      owner = (((ends <= arange(tiles).unsqueeze(1) * tile_rows).sum(1) + 1) % (E + 1) - 1).unsqueeze(1).expand(tiles, tile_rows)
       # each row's token: how many of its expert's tokens have rows before it (a padding row counts them all: N, which reads zeros)
-      # (tiles*T, D)
-      inputs = x[(row_of.T[owner.flatten()] < arange(tiles * T).unsqueeze(1)).sum(1)]
+      # (tiles*tile_rows, D)
+      inputs = x[(row_of.T[owner.flatten()] < arange(tiles * tile_rows).unsqueeze(1)).sum(1)]
     gate, up = gemm.matmul(inputs, stacked("experts.gate_up.weight", -1, D), experts=owner).chunk(2, -1)
-    # (A or tiles*T, D)
+    # (A or tiles*tile_rows, D)
     y = gemm.matmul((gate.silu() * up).contiguous(), stacked("experts.down.weight", D, -1), experts=owner)
     return ((y if row_of is None else y[row_of.gather(-1, sel)]).reshape(N, k, D) * weights.cast(y.dtype).unsqueeze(-1)).sum(1)

@@ -1,7 +1,7 @@
 """The runner, the device side of a step: llm_engine hands it the scheduler's batch, it packs the batch into one step buffer and
 launches the model (model.py, attention.py over the KV pool it owns) and the sampler (sampler.py) as captured TinyJit graphs, and
 reads the sampled tokens back once the step has run. Everything on the device goes through it; it also keeps tinygrad's compile caches
-across start-ups."""
+across start-ups and decides when each graph is captured (capture_next). llm_engine alone calls it."""
 import ctypes, functools, itertools, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
@@ -27,7 +27,7 @@ def step_layout(num_tokens:int, num_rows:int, max_blocks:int) -> dict[str, slice
 
 # tinygrad schedules and lowers every kernel anew in each process (those caches live in memory): kept in its cache.db beside the compiled
 # binaries, by device, model shape and engine flags, an earlier start-up's work is not done again (warm start-up, CPU, bundled model:
-# 86-91 -> 17 s; H100, Llama-3.2-1B shape: 97-112 -> 19-22 s). They are pickled tinygrad objects: see setup.py's pin
+# 86-91 -> 17 s; H100, Llama-3.2-1B shape: 97-112 -> 19-22 s). They are pickled tinygrad objects (tinygrad internals): see setup.py's pin
 STORED_CACHES = (tinygrad.schedule.schedule_cache, tinygrad.codegen.to_program_cache)
 # the compiled kernels and BEAM results of the benchmark engines on an H100 (scripts/build_cache.py makes it), as SQL that adds to tinygrad's
 # cache.db only the rows it lacks (CREATE TABLE IF NOT EXISTS, INSERT OR IGNORE): nothing the user's own cache holds is ever overwritten
@@ -35,7 +35,17 @@ SHIPPED_CACHE = os.path.join(os.path.dirname(__file__), "tinygrad-cache-sm90.sql
 
 class ModelRunner:
   """Turns a scheduled batch into one forward pass over the flattened tokens of all its sequences (prefill chunks and decodes alike),
-  writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs)."""
+  writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs).
+  Its jobs, and where each is done (__init__'s `# --` sections, in order, then the methods):
+    compile caches    tinygrad's, across start-ups: __init__ (read the first part), the end of __init__ and capture_next (store them)
+    devices, weights  the tensor-parallel devices, the compute dtype, model.py's weights and decoder: __init__
+    KV pool           sized by the device's memory, cut max_model_len to it: __init__
+    step buffer       the buckets and the one input buffer (step_layout): __init__; packed and launched by prepare (forward, sample),
+                      its tokens read back by read and download, grammar masks by grammar_masks
+    capture plan      the first units in __init__, the rest by capture_next, which holds the policy (AsyncLLM and LLM only call it)
+  Every use of tinygrad internals (beyond its public Tensor, TinyJit, Device and Context) is marked "tinygrad internals" where it is:
+  the stored caches (STORED_CACHES) and its cache.db connection (__init__), its CUDA bindings (cuda: KV sizing, download, read), the
+  step buffer's device buffers (launch), TinyJit's counter (call), and its pending host copies (download)."""
   def __init__(self, config:Config, model_dir:str):
     start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
     # -- compile caches: tinygrad's, kept in its cache.db across start-ups (see STORED_CACHES, SHIPPED_CACHE)
@@ -52,6 +62,7 @@ class ModelRunner:
     # took 0.3-0.5 s to read here (CPU, bundled model), that part 0.02 s. The rest is read once the engine serves (capture_next)
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.cache_key} ready") or ()): cache.update(stored)
     # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
+    # (tinygrad internals: its module-level connection)
     if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
     # -- devices and weights
     # tensor parallel: DEVICE:0..N-1 (virtual devices on the CPU), each holding its share of every layer's heads and of the KV pool
@@ -193,7 +204,8 @@ class ModelRunner:
     # the sampler's
     # each graph is a TinyJit; the sizes (ints) are baked in at capture
     def call(graph:tuple, fxn, *args, **sizes):
-      # captured on its first call, skipping TinyJit's eager first run (everything it would realize once is realized at load). The step
+      # captured on its first call, skipping TinyJit's eager first run (tinygrad internals: its call counter; everything it would realize
+      # once is realized at load). The step
       # buffer is read where it lies, not passed in: tinygrad rewrites every graph node that reads an input at each replay (tinygrad
       # internals: its CUDA graph), hundreds a step for a 48-layer model, host time the GPU waits for. So the graph keeps its constant
       # kernels too (TinyJit's prune would take every kernel of the step buffer for a constant)
@@ -204,7 +216,7 @@ class ModelRunner:
       inputs["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + num_new] for s, num_new in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
-      # each device's copy (a MultiBuffer's bufs)
+      # each device's copy (a MultiBuffer's bufs; tinygrad internals: its buffers' allocators)
       for dev in getattr(buffer := self.step_buffer.uop.buffer, "bufs", [buffer]):
         dev.allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
       logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
@@ -232,9 +244,14 @@ class ModelRunner:
     bitmask = llguidance.numpy.allocate_token_bitmask(num_rows, self.hf_config["vocab_size"])
     llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, matchers, bitmask); return Tensor(bitmask).to(self.devices)
 
-  def capture_next(self) -> tuple:
-    """Capture the first pending unit, and return it (it stays pending until it is in); after the last, store the caches they filled. BEAM,
-    when asked for, tunes only the decode-sized graphs."""
+  def capture_next(self, num_seqs:int|None=None) -> tuple | None:
+    """The capture policy, after the first units (__init__'s): capture the first pending unit, and return it (it stays pending until it
+    is in); after the last, store the caches they filled. Busy (num_seqs: the sequences running and waiting), a capture is a pause between
+    steps, taken only while they outnumber the largest bucket yet (else None), the wider buckets first: two captures buy a wider bucket,
+    its plain sampler, then its filtered one. Idle (AsyncLLM's) or offline (LLM's), the units go in order. BEAM, when asked for, tunes
+    only the decode-sized graphs."""
+    if num_seqs is not None and not (self.pending and num_seqs > self.buckets[-1]): return None
+    self.pending.sort(key=lambda unit: num_seqs is not None and unit[0] <= self.buckets[-1])
     # the first unit after the engine's first graphs: the rest of the stored caches (see __init__)
     if self.stored is None:
       for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)

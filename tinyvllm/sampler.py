@@ -1,35 +1,8 @@
 """Sampling on device, inside the step's graph: grammar masks, temperature, top-k, top-p and seeded Gumbel-max, one graph for every mix
-of requests. Structured outputs are llguidance grammars (as in vLLM, SGLang and llama.cpp): a per-row bitmask of allowed tokens."""
-import functools, math, llguidance
-from llguidance import LLMatcher
+of requests. Structured outputs are llguidance grammars (as in vLLM, SGLang and llama.cpp), compiled in tokenizer.py: here, a per-row
+bitmask of allowed tokens."""
+import math
 from tinygrad import Tensor, dtypes
-from tinyvllm.sequence import ParamError
-
-# compact JSON (no endless whitespace, and no lone space tokens: sentencepiece-style vocabularies such as the bundled model's merge a
-# space into the token after it, so a grammar that needs `": "` could reach no token that continues it)
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-# vLLM's structured-output kinds
-GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE),
-            "json_object": lambda _: LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE),
-            # llguidance's own builder: a regex, a Lark or GBNF grammar, a list of strings to choose from
-            **{kind: functools.partial(llguidance.grammar_from, kind) for kind in ("regex", "grammar", "choice")}}
-
-def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
-  """llguidance's view of the vocabulary (it parses the tokenizer's JSON again itself), built once per model before the server answers:
-  at 128k tokens one of the largest parts of a warm start (BENCHMARKS.md, issue #40)."""
-  return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))
-
-def compile_grammar(structured_outputs:dict, ll_tokenizer:llguidance.LLTokenizer) -> LLMatcher:
-  """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} compiled against llguidance's
-  tokenizer (grammar_tokenizer's) into the matcher that follows one request's output. Once per request, by the side that checks it
-  (chat.py for the server, off the engine thread; LLMEngine.check offline): the compile is the costly part, and it is the check."""
-  if not isinstance(structured_outputs, dict) or len(structured_outputs) != 1 or next(iter(structured_outputs)) not in GRAMMARS:
-    raise ParamError("structured_outputs", f"takes one of {sorted(GRAMMARS)}")
-  try: grammar = GRAMMARS[kind := next(iter(structured_outputs))](structured_outputs[kind])
-  except (ValueError, TypeError) as e: raise ParamError("structured_outputs", f"{kind} is not valid: {e}") from None
-  # a matcher never raises for its grammar: a bad one leaves it in an error state that says why
-  if (matcher := LLMatcher(ll_tokenizer, grammar)).is_error(): raise ParamError("structured_outputs", matcher.get_error())
-  return matcher
 
 def threshold(probs:Tensor, enough, ways:int=16, rounds:int=6) -> Tensor:
   """Largest t with enough(probs >= t), per row, by a `ways`-ary search: top-k/top-p without sorting the vocabulary (a sort is ~100

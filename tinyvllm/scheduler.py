@@ -1,22 +1,21 @@
 """The scheduler, called by llm_engine each step: which sequences run and how many new tokens of each (continuous batching, chunked
-prefill, preemption), then the host side of the tokens they sample (placeholders, grammar state, stop checks, detokenized text). It
-takes KV blocks from block_manager and never touches the device: model_runner computes what it schedules."""
+prefill, preemption), then the host side of the tokens they sample (placeholders, grammar state); llm_engine turns those tokens into
+text and stops them. It takes KV blocks from block_manager and never touches the device: model_runner computes what it schedules."""
 import collections, numpy as np
 from tinyvllm.config import Config
-from tinyvllm.sequence import Sequence, Status, CompletionOutput
+from tinyvllm.sequence import Sequence, Status
 from tinyvllm.block_manager import BlockManager
 
 class Scheduler:
   """Continuous batching: every step fills a token budget, running sequences first (decodes and unfinished prompt chunks), then new
   prompts in arrival order, chunked so a long prompt never stalls the decodes. When blocks run out, the most recently admitted sequence is
   preempted: its blocks are freed and it is recomputed later (prefix caching usually makes that cheap). A step's bookkeeping is split
-  around the GPU, as in vLLM's async scheduling: `advance` right after its launch, `receive` when its tokens arrive (once the next step
-  is launched, or just before where it cannot run ahead), and `postprocess` on each token kept while the next step runs (nano-vllm's
-  name)."""
-  def __init__(self, config:Config, block_manager:BlockManager, eos_ids:set[int]):
+  around the GPU, as in vLLM's async scheduling; the methods below come in the order LLMEngine.step calls them: `schedule` the next
+  step, `receive` the tokens of the one before (once the next step is launched, or just before where it cannot run ahead), `advance`
+  right after the next step's launch (after the engine's process_output has finished the sequences those tokens stopped), and `finish`."""
+  def __init__(self, config:Config, block_manager:BlockManager):
     # running in admission order: the last one is the first to be preempted
-    self.config, self.bm, self.eos_ids, self.waiting, self.running, self.num_preemptions = config, block_manager, eos_ids, collections.deque(), [], 0
-    self.num_prompt_tokens = self.num_generation_tokens = 0   # counters
+    self.config, self.bm, self.waiting, self.running, self.num_preemptions = config, block_manager, collections.deque(), [], 0
 
   def schedule(self, max_step_tokens:float=float("inf")) -> list[tuple[Sequence, int]]:
     """Returns (sequence, num_new: how many of its tokens to compute this step); a sequence whose last token is computed samples one
@@ -30,14 +29,24 @@ class Scheduler:
       # front of the queue, to be recomputed
       while seq.status == Status.RUNNING and not self.bm.append(seq, num_new):
         victim = self.running.pop(); self.bm.free_blocks(victim); self.waiting.appendleft(victim)
-        victim.status, self.num_preemptions = Status.WAITING, self.num_preemptions + 1
+        victim.status, victim.num_computed_tokens, self.num_preemptions = Status.WAITING, 0, self.num_preemptions + 1
       if seq.status == Status.RUNNING: batch.append((seq, num_new)); budget -= num_new
     while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-      seq = self.waiting[0]
-      if not self.bm.allocate(seq): break
-      self.waiting.popleft(); self.running.append(seq); seq.status = Status.RUNNING
+      # its cached prefix counts as computed
+      seq, num_cached = self.waiting[0], self.bm.allocate(self.waiting[0])
+      if num_cached is None: break
+      self.waiting.popleft(); self.running.append(seq); seq.status, seq.num_computed_tokens = Status.RUNNING, num_cached
       batch.append((seq, num_new := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_new
     return batch
+
+  def receive(self, sampling:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
+    """A step's tokens (one for each of its sampling sequences) replace their placeholders (the next step, launched ahead, read them on
+    the device; one that cannot run ahead, after this, for its grammars' masks). Returns (sequence, token, its length with the token) for
+    each token kept."""
+    # not a sequence the step before stopped
+    kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] < 0]
+    for seq, token, _ in kept: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
+    return kept
 
   def advance(self, batch:list[tuple[Sequence, int]], sampling:list[Sequence]):
     """Right after a step's launch, before its tokens exist: its tokens count as computed, and each sequence that samples (sampling, by
@@ -49,36 +58,6 @@ class Scheduler:
       seq.num_computed_tokens += num_new; self.bm.commit(seq)
     # (a mid-prompt chunk samples nothing)
     for row, seq in ((r, s) for r, s in enumerate(sampling) if s.status == Status.RUNNING): seq.token_ids.append(-1 - row)
-
-  def receive(self, sampling:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
-    """A step's tokens (one for each of its sampling sequences) replace their placeholders (the next step, launched ahead, read them on
-    the device; one that cannot run ahead, after this, for its grammars' masks). Returns (sequence, token, its length with the token) for
-    each token kept."""
-    # not a sequence the step before stopped
-    kept = [(seq, int(token), len(seq)) for seq, token in zip(sampling, tokens) if seq.status != Status.FINISHED and seq.token_ids[-1] < 0]
-    for seq, token, _ in kept: seq.token_ids[-1] = token; seq.matcher and seq.matcher.consume_token(token)
-    return kept
-
-  def postprocess(self, seq:Sequence, token:int, length:int) -> CompletionOutput:
-    """A kept token's output: counts it, detokenizes it, checks the stop conditions (finishing the sequence on one) and emits the text
-    decided; text that could be the start of a stop string is held back until it is decided."""
-    params, searched = seq.params, len(seq.held_text)
-    # its first token: its prompt is done
-    if length == seq.num_prompt_tokens + 1: self.num_prompt_tokens += seq.num_prompt_tokens
-    # only the unemitted tail is kept, so a token's work doesn't grow with the output's length
-    self.num_generation_tokens += 1; seq.held_text += seq.detok(token) or ""; reason = stop_reason = None
-    # EOS, or the end of its grammar
-    if token in self.eos_ids and not params.ignore_eos or seq.matcher and (seq.matcher.is_error() or seq.matcher.is_stopped()): reason = "stop"
-    # a match can only start in the new text or in the len(stop) - 1 held characters before it
-    for stop in params.stop:
-      if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
-        seq.held_text = seq.held_text[:i]; reason, stop_reason = "stop", stop
-    if reason is None and (length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len): reason = "length"
-    # the placeholder of a step scheduled meanwhile is dropped
-    if reason: del seq.token_ids[length:]; self.finish(seq)
-    emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
-    text, seq.held_text = seq.held_text[:emit], seq.held_text[emit:]
-    return CompletionOutput(0, text, [token], reason, stop_reason)
 
   def finish(self, seq:Sequence):
     if seq.status == Status.RUNNING: self.bm.free_blocks(seq); self.running.remove(seq)

@@ -9,7 +9,7 @@ from starlette.routing import Route
 import tinygrad.engine.worker   # only for its compile workers at exit (main)
 from tinyvllm.config import Config
 from tinyvllm.sequence import ParamError, SamplingParams
-from tinyvllm.llm_engine import AsyncLLM, EngineError
+from tinyvllm.llm_engine import AsyncLLM, EngineError, LLMatcher
 from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, OutputParser, json_size, request as chat_request
 
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
@@ -50,7 +50,9 @@ class OpenAIServer:
     if self.api_key and (scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), self.api_key.encode())):
       raise APIError("Incorrect API key provided.", 401, code="invalid_api_key")
 
-  def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, dict, OutputParser]:
+  def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, LLMatcher | None, dict, OutputParser]:
+    """A chat request's body -> what the engine takes (the prompt's token ids, its SamplingParams and its grammar compiled into a
+    matcher, or None) and what the response needs (the body, the OutputParser of its choice)."""
     # NaN and Infinity, which Python's json takes and JSON has not, fail to parse as integers
     try: body = json.loads(raw, parse_constant=int)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
@@ -77,7 +79,7 @@ class OpenAIServer:
     except ParamError as e: raise APIError(str(e), param=max_tokens_field if e.param == "max_tokens" else e.param)
     if (total := len(prompt) + params.max_tokens) > context: raise APIError(f"This model's maximum context length is {context} tokens. "
                    f"However, you requested {total} tokens ({len(prompt)} in the messages, {params.max_tokens} in the completion).", param="messages")
-    return prompt, params, body, parser, matcher
+    return prompt, params, matcher, body, parser
 
   async def chat(self, request):
     # the request itself first: its key, the engine's health, and a JSON body of at most MAX_BODY bytes
@@ -89,7 +91,7 @@ class OpenAIServer:
     async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
       if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
-    prompt, params, body, parser, matcher = await asyncio.to_thread(self.parse, raw)
+    prompt, params, matcher, body, parser = await asyncio.to_thread(self.parse, raw)
     # vLLM's /v1/chat/completions/render: the prompt's token ids alone, what vllm-router's cache_aware policy routes by (issue #56)
     if request.url.path.endswith("/render"): return JSONResponse({"token_ids": prompt})
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": self.model}
@@ -136,11 +138,11 @@ class OpenAIServer:
   async def metrics(self, request): return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
   def collect(self):   # the engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape
-    bm, sch = self.llm.engine.block_manager, self.llm.engine.scheduler
+    engine, bm, sch = self.llm.engine, self.llm.engine.block_manager, self.llm.engine.scheduler
     for name, value in {"vllm:num_requests_running": len(sch.running), "vllm:num_requests_waiting": len(sch.waiting),
                         "vllm:kv_cache_usage_perc": 1 - bm.num_free / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
                         "vllm:prefix_cache_hits_total": bm.hits, "vllm:num_preemptions_total": sch.num_preemptions,
-                        "vllm:prompt_tokens_total": sch.num_prompt_tokens, "vllm:generation_tokens_total": sch.num_generation_tokens,
+                        "vllm:prompt_tokens_total": engine.num_prompt_tokens, "vllm:generation_tokens_total": engine.num_generation_tokens,
                         "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": bm.num_free}.items():   # raw counts: leak checks
       # a counter's family is named without the _total its sample carries, as prometheus_client's own counters are
       family = Metric(name.removesuffix("_total"), name.split(":")[1], "counter" if name.endswith("_total") else "gauge")

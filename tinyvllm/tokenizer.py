@@ -1,7 +1,10 @@
 """The tokenizer: text and chat messages to token ids, and token ids back to text one token at a time, from a model folder's
-tokenizer.json and chat template. llm_engine encodes prompts with it and gives each sequence a detokenizer, which the scheduler calls
-per token; chat.py renders chat prompts through it. It touches no tensor."""
-import datetime, json, os, pathlib, typing, jinja2, jinja2.ext, jinja2.sandbox, tokenizers
+tokenizer.json and chat template. llm_engine encodes prompts with it and gives each sequence a detokenizer, which it calls per token
+(process_output); chat.py renders chat prompts through it. Structured outputs' grammars are compiled here against its vocabulary
+(llguidance), once per request, by chat.py for the server and llm_engine offline; sampler.py masks by them. It touches no tensor."""
+import datetime, functools, json, os, pathlib, typing, jinja2, jinja2.ext, jinja2.sandbox, llguidance, tokenizers
+from llguidance import LLMatcher
+from tinyvllm.sequence import ParamError
 
 def _json(*path) -> dict: return json.loads(pathlib.Path(p).read_text(encoding="utf-8")) if os.path.isfile(p := os.path.join(*path)) else {}
 def _name(token): return token.get("content") if isinstance(token, dict) else token
@@ -58,3 +61,29 @@ class Tokenizer:
     text = self.chat_template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token or "",
       eos_token=self.eos_token or "", **template_kwargs) if self.chat_template is not None else "\n".join(m.get("content") or "" for m in messages)
     return self.encode(text, add_special_tokens=not (self.bos_token and text.startswith(self.bos_token)))
+
+# compact JSON (no endless whitespace, and no lone space tokens: sentencepiece-style vocabularies such as the bundled model's merge a
+# space into the token after it, so a grammar that needs `": "` could reach no token that continues it)
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+# vLLM's structured-output kinds
+GRAMMARS = {"json": lambda schema: LLMatcher.grammar_from_json_schema(schema, defaults=JSON_STYLE),
+            "json_object": lambda _: LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_STYLE),
+            # llguidance's own builder: a regex, a Lark or GBNF grammar, a list of strings to choose from
+            **{kind: functools.partial(llguidance.grammar_from, kind) for kind in ("regex", "grammar", "choice")}}
+
+def grammar_tokenizer(tokenizer, vocab_size:int) -> llguidance.LLTokenizer:
+  """llguidance's view of the vocabulary (it parses the tokenizer's JSON again itself), built once per model before the server answers:
+  at 128k tokens one of the largest parts of a warm start (BENCHMARKS.md, issue #40)."""
+  return llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size, eos_token=sorted(tokenizer.eos_ids))
+
+def compile_grammar(structured_outputs:dict, ll_tokenizer:llguidance.LLTokenizer) -> LLMatcher:
+  """One of {"json": schema}, {"json_object": True}, {"regex": str}, {"choice": [str]}, {"grammar": lark} compiled against llguidance's
+  tokenizer (grammar_tokenizer's) into the matcher that follows one request's output. Once per request, by the side that checks it
+  (chat.py for the server, off the engine thread; LLMEngine.check offline): the compile is the costly part, and it is the check."""
+  if not isinstance(structured_outputs, dict) or len(structured_outputs) != 1 or next(iter(structured_outputs)) not in GRAMMARS:
+    raise ParamError("structured_outputs", f"takes one of {sorted(GRAMMARS)}")
+  try: grammar = GRAMMARS[kind := next(iter(structured_outputs))](structured_outputs[kind])
+  except (ValueError, TypeError) as e: raise ParamError("structured_outputs", f"{kind} is not valid: {e}") from None
+  # a matcher never raises for its grammar: a bad one leaves it in an error state that says why
+  if (matcher := LLMatcher(ll_tokenizer, grammar)).is_error(): raise ParamError("structured_outputs", matcher.get_error())
+  return matcher
