@@ -103,17 +103,20 @@ def _gemv_kernel(Y:UOp, X:UOp, W:UOp, *experts:UOp, lanes:int, rows:int, vec:int
   # its token, m // (M / rows of x). Its rows share no W then, so they are a grid axis, not unrolled (the CPU loops over them)
   (M, N), K, dtype, f32 = Y.shape, X.shape[1], X.dtype, dtypes.float
   if dtype.itemsize == 2: X, W = (UOp.placeholder((P.shape[0], P.shape[1] // 2), dtypes.uint32, slot) for P, slot in ((X, 1), (W, 2)))
-  # the CPU runs one lane in a plain loop: tinygrad's CPU runtime launches each index of a GLOBAL axis from Python
-  block, lane = (UOp.range(n, i, t if lanes > 1 else AxisType.LOOP) for n, i, t in ((N // rows, 0, AxisType.GLOBAL), (lanes, 1, AxisType.LOCAL)))
-  step, v = UOp.range(W.shape[1] // (lanes*vec), 2, AxisType.REDUCE), UOp.range(vec, 3, AxisType.UNROLL)
-  r, m = UOp.range(rows, 4, AxisType.UPCAST), UOp.range(M, 5, (AxisType.GLOBAL if lanes > 1 else AxisType.LOOP) if experts else AxisType.UPCAST)
+  # the CPU runs one lane, its row blocks and rows m in plain loops (tinygrad's CPU runtime launches each index of a GLOBAL axis from
+  # Python), and keeps a row's `vec` words as `vec` sums, added up at the end: one chain of vector adds, which clang vectorizes, where the
+  # GPU's one sum of every word was a chain of scalar adds (2-3 GB/s of the CPU's ~11; BENCHMARKS.md)
+  gpu, loop = lanes > 1, AxisType.LOOP
+  block, lane = (UOp.range(n, i, t if gpu else loop) for n, i, t in ((N // rows, 0, AxisType.GLOBAL), (lanes, 1, AxisType.LOCAL)))
+  step, v = UOp.range(W.shape[1] // (lanes*vec), 2, AxisType.REDUCE), UOp.range(vec, 3, AxisType.UNROLL if gpu else AxisType.UPCAST)
+  r, m = UOp.range(rows, 4, AxisType.UPCAST), UOp.range(M, 5, (AxisType.GLOBAL if experts else AxisType.UPCAST) if gpu else loop)
   n, k = block * rows + r, (step * lanes + lane) * vec + v
   # the expert id is clamped into the stack, so that no id can read outside W
   wn, xm = (experts[0][m].maximum(0).minimum(W.shape[0] // N - 1).cast(dtypes.weakint) * N + n, m // (M // X.shape[0])) if experts else (n, m)
   half = lambda word, h: (word >> 16*h).cast(dtypes.uint16).bitcast(dtype).cast(f32)
   dot = sum(half(W[wn, k], h) * half(X[xm, k], h) for h in (0, 1)) if W.dtype != dtype else W[wn, k].cast(f32) * X[xm, k].cast(f32)
-  acc = dot.reduce(step, v, arg=Ops.ADD)
-  if lanes > 1:   # a grid axis m has a block of its own: shared memory for one row
+  acc = dot.reduce(step, v, arg=Ops.ADD) if gpu else dot.reduce(step, arg=Ops.ADD).reduce(v, arg=Ops.ADD)
+  if gpu:   # a grid axis m has a block of its own: shared memory for one row
     shared, j = UOp.placeholder((rows, 1 if experts else M, lanes), f32, 20, addrspace=AddrSpace.LOCAL), UOp.range(lanes, 6, AxisType.REDUCE)
     acc = shared.after(shared[r, m % shared.shape[1], lane].store(acc))[r, m % shared.shape[1], j].reduce(j, arg=Ops.ADD)
   # tag=1: our axes are final, tinygrad's optimizer leaves them (as attention.py's)
