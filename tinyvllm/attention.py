@@ -95,7 +95,7 @@ def _paged_attention_kernel(OUT:UOp, Q:UOp, KP:UOp, VP:UOp, BT:UOp, TS:UOp, L:UO
   # (empty) estimates are kept, as the data-dependent trip count can't be counted statically (the stats code would crash on it)
   return out.end(e, kvh, c, n).sink(arg=KernelInfo(name="paged_attention", opts_to_apply=(), estimates=Estimates()), tag=1)
 
-def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor, gpu=True) -> tuple[Tensor, Tensor, Tensor]:
   """Softmax partials (m, l, acc) of each token over the step's own tokens of its sequence up to itself (causal), through batched matmuls that
   tinygrad runs on tensor cores. A prefill chunk is dense causal attention; the block-diagonal mask separates the step's sequences."""
   (N, H, D), KVH = q.shape, k.shape[1]; idx = Tensor.arange(N).to(q.device)
@@ -105,7 +105,7 @@ def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor) -> tuple[T
   m = s.max(-1, keepdim=True); p = (s - m).exp()
   # probabilities in 16 bits, as flash-attention does. acc gets its own buffer: fused into the merge in paged_attention, P x V became a kernel
   # with two reductions, which tinygrad runs without tensor cores (7x slower on an H200)
-  acc = p.cast(q.dtype).matmul(v.permute(1, 0, 2).unsqueeze(1), dtype=dtypes.float).contiguous()
+  acc = (p.cast(q.dtype) if gpu else p.contiguous()).matmul(v.permute(1, 0, 2).unsqueeze(1), dtype=dtypes.float).contiguous()
   to_nh = lambda t: t.permute(2, 0, 1, 3).reshape(N, H, t.shape[3]); return to_nh(m)[..., 0], to_nh(p.sum(-1, keepdim=True))[..., 0], to_nh(acc)
 
 def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor, token_seq:Tensor, positions:Tensor, cached_lens:Tensor,
@@ -122,8 +122,9 @@ def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tenso
   # meet through tensor-core matmuls. Smaller steps are mostly decodes (one in-step token each: the kernel alone is cheaper), and the
   # (N, N) scores of larger ones grow quadratically, so those read everything through the kernel. C: enough chunks to fill the GPU at
   # small batches, few enough that the partial results stay small for prefill-sized steps
-  dense, C = DENSE_MIN <= N <= DENSE_MAX, max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8)))
-  fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=Device[dev].renderer.has_local)
+  gpu = Device[dev].renderer.has_local
+  dense, C = DENSE_MIN <= N <= DENSE_MAX, max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8))) if gpu else 1
+  fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=gpu)
   # with a one-row table token_seq is provably 0 and tinygrad drops it from the kernel's parameters, but tinygrad 0.14's CUDA graph still
   # passes every buffer, and building the graph fails ("invalid argument"): a second row keeps the signature whole
   if block_tables.shape[0] == 1: block_tables = block_tables.pad(((0, 1), None))
@@ -135,7 +136,7 @@ def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tenso
   # the in-step attention's partials join as one more chunk
   if dense:   # each device's own q, k and v heads
     q, k, v = qkv.reshape(N, tp, -1, D).split([H // tp, KVH // tp, KVH // tp], dim=2)
-    in_step = in_step_attention(q.reshape(N, H, D), k.reshape(N, KVH, D), v.reshape(N, KVH, D), token_seq)
+    in_step = in_step_attention(q.reshape(N, H, D), k.reshape(N, KVH, D), v.reshape(N, KVH, D), token_seq, gpu)
     m, l, acc = [t.cat(d.unsqueeze(dim), dim=dim) for t, d, dim in zip((m, l, acc), in_step, (-1, -1, 2))]
   # each partial's weight; an empty chunk (m = -inf) weighs 0
   w = (m - m.max(-1, keepdim=True)).exp()

@@ -170,7 +170,7 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   rows = 2 if (M >= 4 or experts is not None) and N_dev % 2 == 0 else 1
   # MoE: the experts our kernels take, of each row (GEMV) or of each tile (wgmma)
   ids = () if experts is None else (experts if experts.ndim == 1 else experts[:, 0].contiguous(),)
-  small = experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec
+  small = experts is not None and experts.ndim == 1 or (M < (4 if wgmma else 16) or lanes == 1) and vec
   # neither kernel of ours: tinygrad's matmul (which all-reduces a row-parallel product itself)
   if not small and not wgmma: return x @ w.T
   BM, BN, ST, S = (0, 0, 0, 1) if small else cfg or ((64, 128, 8, 1) if ids else plan(M, N_dev, K_dev))
