@@ -28,7 +28,8 @@ def run(x:Tensor, w:Tensor, ids:Tensor, rows:int|None) -> Tensor:
   if rows is None: return gemm.matmul(x, w, experts=ids)   # what the engine picks
   lanes, K = 32, x.shape[1]
   vec = next(v for v in (4, 2, 1) if K * 2 % (4 * lanes * v) == 0)
-  return gemm.gemv(x, w, lanes, rows, vec, ids)
+  out = Tensor.empty(ids.shape[0], w.shape[-2], dtype=x.dtype, device=x.device)   # the GEMV as gemm.matmul launches it
+  return out.custom_kernel(x, w.reshape(-1, K), ids, fxn=functools.partial(gemm._gemv_kernel, lanes=lanes, rows=rows, vec=vec))[0]
 
 def gathered(x:Tensor, w:Tensor, ids:Tensor) -> Tensor:   # the path before: tinygrad's matmul over w[ids], a row per assignment
   T, K = x.shape; A = ids.shape[0]

@@ -1,4 +1,4 @@
-"""The small-M GEMV of decode steps (gemm.gemv), against numpy, for every M from 1 to 16, and its GPU form rendered for CUDA, METAL and AMD."""
+"""The small-M GEMV of decode steps (gemm._gemv_kernel), against numpy, for every M from 1 to 16, and its GPU form rendered for CUDA, METAL and AMD."""
 import functools
 import numpy as np, pytest
 from tinygrad import Tensor, TinyJit, UOp, dtypes
@@ -11,6 +11,12 @@ NP = {dtypes.float32: np.float32, dtypes.float16: np.float16}
 
 def reference(x:np.ndarray, w:np.ndarray) -> np.ndarray: return x.astype(np.float64) @ w.astype(np.float64).T
 
+def gemv(x:Tensor, w:Tensor, rows:int, vec:int, *experts:Tensor) -> Tensor:
+  """The GEMV kernel launched as gemm.matmul launches it, at a config of the test's choosing (the CPU runs one lane); with experts,
+  w (E, N, K) and one output row per expert id."""
+  out = Tensor.empty(experts[0].shape[0] if experts else x.shape[0], w.shape[-2], dtype=x.dtype)
+  return out.custom_kernel(x, w.reshape(-1, w.shape[-1]), *experts, fxn=functools.partial(gemm._gemv_kernel, lanes=1, rows=rows, vec=vec))[0]
+
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16])
 @pytest.mark.parametrize("M", range(1, 17))
 def test_gemv_matches_numpy(M, dt):
@@ -18,7 +24,7 @@ def test_gemv_matches_numpy(M, dt):
   x, w = rng.standard_normal((M, 192)).astype(NP[dt]), rng.standard_normal((40, 192)).astype(NP[dt])
   want = reference(x, w)
   for rows, vec in ((1, 1), (2, 4), (4, 2)):   # rows of W per lane, words per load (the CPU runs one lane)
-    got = gemm.gemv(Tensor(x), Tensor(w), 1, rows, vec).numpy()
+    got = gemv(Tensor(x), Tensor(w), rows, vec).numpy()
     assert got.dtype == NP[dt] and np.abs(got - want).max() / np.abs(want).max() < (1e-6 if dt == dtypes.float32 else 2e-3), (rows, vec)
 
 def test_matmul_routes_small_m_to_the_gemv_inside_a_jit():
@@ -67,10 +73,10 @@ def test_expert_gemv_matches_numpy(tokens, k, dt):
   ids = np.concatenate([rng.choice(E, k, replace=False) for _ in range(tokens)]).astype(np.int32)
   want = expert_reference(x, w, ids)
   for rows, vec in ((1, 1), (2, 4), (4, 2)):
-    got = gemm.gemv(Tensor(x), Tensor(w), 1, rows, vec, Tensor(ids)).numpy()
+    got = gemv(Tensor(x), Tensor(w), rows, vec, Tensor(ids)).numpy()
     assert got.shape == (tokens * k, 40) and np.abs(got - want).max() / np.abs(want).max() < (1e-6 if dt == dtypes.float32 else 2e-3), (rows, vec)
   # an id outside the stack reads the nearest expert, never memory outside W
-  got = gemm.gemv(Tensor(x[:1]), Tensor(w), 1, 1, 1, Tensor(np.array([-5, E + 3], np.int32))).numpy()
+  got = gemv(Tensor(x[:1]), Tensor(w), 1, 1, Tensor(np.array([-5, E + 3], np.int32))).numpy()
   assert np.abs(got - (want := expert_reference(x[:1], w, np.array([0, E - 1])))).max() / np.abs(want).max() < 2e-3
 
 @pytest.mark.parametrize("K", [7, 192])

@@ -102,10 +102,11 @@ def in_step_attention(q:Tensor, k:Tensor, v:Tensor, token_seq:Tensor, gpu=True) 
   s = q.reshape(N, KVH, H // KVH, D).permute(1, 2, 0, 3).matmul(k.permute(1, 2, 0).unsqueeze(1), dtype=dtypes.float) / math.sqrt(D)
   # (KVH, G, N, N): causal, and only within each token's own sequence
   s = ((token_seq.unsqueeze(1) == token_seq.unsqueeze(0)) & (idx.unsqueeze(0) <= idx.unsqueeze(1))).where(s, -math.inf)
-  m = s.max(-1, keepdim=True); p = (s - m).exp()
+  # the CPU realizes P once, for P x V and its sum: fused into them, its exp was recomputed for every output (29% of a 512-token step)
+  m = s.max(-1, keepdim=True); p = (s - m).exp() if gpu else (s - m).exp().contiguous()
   # probabilities in 16 bits, as flash-attention does. acc gets its own buffer: fused into the merge in paged_attention, P x V became a kernel
   # with two reductions, which tinygrad runs without tensor cores (7x slower on an H200)
-  acc = (p.cast(q.dtype) if gpu else p.contiguous()).matmul(v.permute(1, 0, 2).unsqueeze(1), dtype=dtypes.float).contiguous()
+  acc = (p.cast(q.dtype) if gpu else p).matmul(v.permute(1, 0, 2).unsqueeze(1), dtype=dtypes.float).contiguous()
   to_nh = lambda t: t.permute(2, 0, 1, 3).reshape(N, H, t.shape[3]); return to_nh(m)[..., 0], to_nh(p.sum(-1, keepdim=True))[..., 0], to_nh(acc)
 
 def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tensor, token_seq:Tensor, positions:Tensor, cached_lens:Tensor,

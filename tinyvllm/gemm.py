@@ -4,7 +4,7 @@ from here. It holds, in file order:
 - the Hopper tensor-core GEMM (SRC, _kernel, plan): bf16 with fp32 accumulation, CUDA source that tinygrad launches as an Ops.PROGRAM
   through Tensor.custom_kernel, so it stays lazy and replays inside TinyJit's CUDA graph (tinygrad's own matmuls reach ~5% of cuBLAS on
   Hopper: they stage no tiles through shared memory and cannot use wgmma, which needs the sm_90a target tinygrad never sets);
-- the GEMV for decode-sized steps (_gemv_kernel, gemv): portable UOp source, every device, also with an expert per row for MoE decode;
+- the GEMV for decode-sized steps (_gemv_kernel): portable UOp source, every device, also with an expert per row for MoE decode;
 - `empty`, `all_reduce` (tensor parallelism: the sum of row-parallel partial products) and `hopper` (where the GEMM runs);
 - `matmul`, the entry point: our GEMV, our GEMM, or tinygrad's own matmul where neither fits.
 On one request's path it sits under model.py, below everything but tinygrad; it knows nothing of requests, paging or sampling."""
@@ -123,13 +123,6 @@ def _gemv_kernel(Y:UOp, X:UOp, W:UOp, *experts:UOp, lanes:int, rows:int, vec:int
   return Y[m, n].store(acc.cast(Y.dtype)).end(m, r).end(lane, block).sink(arg=KernelInfo(name=f"gemv{'_moe' * bool(experts)}_{M}_{N}_{W.shape[1]}",
     opts_to_apply=(), estimates=Estimates(ops=2*M*N*K, mem=N*K*dtype.itemsize*(M if experts else 1))), tag=1)
 
-def gemv(x:Tensor, w:Tensor, lanes:int, rows:int, vec:int, *experts:Tensor, out:Tensor|None=None) -> Tensor:
-  """x (M, K) @ w (N, K).T; with experts (A,) int32, w (E, N, K): row a is x's row a // (A / M) times expert experts[a]'s w. `out`: the
-  buffer to write, where matmul shards it (tensor parallel)."""
-  fxn, rows_out = functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec), experts[0].shape[0] if experts else x.shape[0]
-  out = Tensor.empty(rows_out, w.shape[-2], dtype=x.dtype, device=x.device) if out is None else out
-  return out.custom_kernel(x, w.reshape(-1, w.shape[-1]), *experts, fxn=fxn)[0]
-
 def empty(shape:tuple[int, ...], dtype, device, axis:int|None=None) -> Tensor:
   """An output buffer on one device, copied to every device of a tuple, or (tensor parallel) split on `axis`: each device holds only its
   shard, as tinygrad's creation helpers build sharded tensors (a buffer of one shard's shape on every device, marked as split)."""
@@ -148,7 +141,7 @@ def hopper(device) -> bool:
 def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:Tensor|None=None) -> Tensor:
   """x (M, K) @ w (N, K).T: decode-sized M through our GEMV on every device; larger M on a Hopper GPU under CUDA through our wgmma kernel
   (SM90A_GEMM=0 turns it off, to measure the portable path), elsewhere tinygrad's own matmul.
-  MoE, w (E, N, K) a layer's stacked experts: experts (A,) the expert of each output row (see gemv), through the GEMV where K fills its
+  MoE, w (E, N, K) a layer's stacked experts: experts (A,) the expert of each output row (see _gemv_kernel), through the GEMV where K fills its
   words; or (tiles, T) the expert of each tile of T rows of x (larger steps), so that a tile reads its expert once: on Hopper through the
   wgmma kernel (T = 64, its tile), elsewhere through tinygrad's matmul with the gather of w folded into its loads."""
   # tensor parallel: w split by rows (axis 0: each device computes its own output columns) or by columns (axis 1: each device a partial
@@ -177,7 +170,7 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result); row-parallel, tp devices' S each
   rows_out = (S * tp if split == 1 else S) * (ids[0].shape[0] if small and ids else M)
   out = empty((rows_out, N), dtypes.float if S > 1 else x.dtype, x.device, {0: 1, 1: 0}.get(split))
-  if small: out = gemv(x, w, lanes, rows, vec, *ids, out=out)
+  if small: out = out.custom_kernel(x, w.reshape(-1, K), *ids, fxn=functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec))[0]
   else: out = out.custom_kernel(x, w, *ids, fxn=_kernel(M, N_dev, K_dev, dev, BM, BN, ST, S, bool(ids)))[0]
   if S > 1: out = out.reshape(-1, S, M, N).sum(1).cast(x.dtype).reshape(-1, N)
   return all_reduce(out) if split == 1 else out
