@@ -17,9 +17,11 @@ from scripts.bench_gemm import MODELS, shapes, timed, rel
 bf = dtypes.bfloat16
 SWEEP = [(32, r, 4) for r in (1, 2, 4, 8)]   # (lanes, rows, vec)
 
-def gemv_into(out:Tensor, a:Tensor, w:Tensor, cfg) -> Tensor:
+def gemv_into(out:Tensor, a:Tensor, w:Tensor, cfg, *experts:Tensor) -> Tensor:
+  """The GEMV as gemm.matmul launches it, at cfg = (lanes, rows, vec); with experts, w (E, N, K) (scripts/bench_moe_gemv.py)."""
   import functools
-  return out.custom_kernel(a, w, fxn=functools.partial(gemm._gemv_kernel, lanes=cfg[0], rows=cfg[1], vec=cfg[2]))[0]
+  fxn = functools.partial(gemm._gemv_kernel, lanes=cfg[0], rows=cfg[1], vec=cfg[2])
+  return out.custom_kernel(a, w.reshape(-1, w.shape[-1]), *experts, fxn=fxn)[0]
 
 def check(M:int, K:int, N:int) -> float:
   """gemm.matmul, whichever kernel it routes M to, against torch."""

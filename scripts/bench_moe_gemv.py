@@ -9,12 +9,12 @@ stacks (> 1 GB together, so L2 never holds them), median of 7 timings; beside th
 
   DEV=CUDA python scripts/bench_moe_gemv.py                   # A = 8, 32, 128, every rows-per-lane config
 """
-import argparse, functools, os, sys
+import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tinygrad import Tensor, TinyJit, Device, dtypes
 from tinyvllm import gemm
 from scripts.bench_gemm import timed, rel
-from scripts.bench_gemv import copy_gbs
+from scripts.bench_gemv import copy_gbs, gemv_into
 
 bf, E, k = dtypes.bfloat16, 128, 8
 SHAPES = [("gate_up", 2048, 1536), ("down", 768, 2048)]   # (layer, K, N per expert)
@@ -28,8 +28,7 @@ def run(x:Tensor, w:Tensor, ids:Tensor, rows:int|None) -> Tensor:
   if rows is None: return gemm.matmul(x, w, experts=ids)   # what the engine picks
   lanes, K = 32, x.shape[1]
   vec = next(v for v in (4, 2, 1) if K * 2 % (4 * lanes * v) == 0)
-  out = Tensor.empty(ids.shape[0], w.shape[-2], dtype=x.dtype, device=x.device)   # the GEMV as gemm.matmul launches it
-  return out.custom_kernel(x, w.reshape(-1, K), ids, fxn=functools.partial(gemm._gemv_kernel, lanes=lanes, rows=rows, vec=vec))[0]
+  return gemv_into(Tensor.empty(ids.shape[0], w.shape[-2], dtype=x.dtype, device=x.device), x, w, (lanes, rows, vec), ids)
 
 def gathered(x:Tensor, w:Tensor, ids:Tensor) -> Tensor:   # the path before: tinygrad's matmul over w[ids], a row per assignment
   T, K = x.shape; A = ids.shape[0]
