@@ -140,7 +140,7 @@ def hopper(device) -> bool:
 
 def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:Tensor|None=None) -> Tensor:
   """x (M, K) @ w (N, K).T: decode-sized M through our GEMV on every device; larger M on a Hopper GPU under CUDA through our wgmma kernel
-  (SM90A_GEMM=0 turns it off, to measure the portable path), elsewhere tinygrad's own matmul.
+  (SM90A_GEMM=0 turns it off, to measure the portable path), elsewhere tinygrad's own matmul (on the CPU over a packed copy of W).
   MoE, w (E, N, K) a layer's stacked experts: experts (A,) the expert of each output row (see _gemv_kernel), through the GEMV where K fills its
   words; or (tiles, T) the expert of each tile of T rows of x (larger steps), so that a tile reads its expert once: on Hopper through the
   wgmma kernel (T = 64, its tile), elsewhere through tinygrad's matmul with the gather of w folded into its loads."""
@@ -163,9 +163,12 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   rows = 2 if (M >= 4 or experts is not None) and N_dev % 2 == 0 else 1
   # MoE: the experts our kernels take, of each row (GEMV) or of each tile (wgmma)
   ids = () if experts is None else (experts if experts.ndim == 1 else experts[:, 0].contiguous(),)
-  small = experts is not None and experts.ndim == 1 or (M < (4 if wgmma else 16) or lanes == 1) and vec
-  # neither kernel of ours: tinygrad's matmul (which all-reduces a row-parallel product itself)
-  if not small and not wgmma: return x @ w.T
+  small = experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec
+  # neither kernel of ours: tinygrad's matmul (which all-reduces a row-parallel product itself). On the CPU over W^T copied into tiles of
+  # 8 columns, each tile's K rows one contiguous run, which tinygrad's C code loads as vectors: from 16 rows, 1.3-2.6x our GEMV with the
+  # copy (layer matmuls at 512 rows ~8 -> ~20 GFLOP/s on the 2-core CPU; BENCHMARKS.md)
+  packed = lambda: w.reshape(N // 8, 8, K).permute(0, 2, 1).contiguous().permute(1, 0, 2).reshape(K, N)
+  if not small and not wgmma: return x @ (packed() if lanes == 1 and tp == 1 and N % 8 == 0 else w.T)
   BM, BN, ST, S = (0, 0, 0, 1) if small else cfg or ((64, 128, 8, 1) if ids else plan(M, N_dev, K_dev))
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result); row-parallel, tp devices' S each
   rows_out = (S * tp if split == 1 else S) * (ids[0].shape[0] if small and ids else M)
