@@ -256,7 +256,10 @@ class ModelRunner:
     if self.stored is None:
       for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
       self.stored = list(map(len, STORED_CACHES))
-    with Context(BEAM=self.config.beam if (unit := self.pending[0])[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
+    # a unit whose graphs are in runs no step: the filtered unit of a bucket wider than max_rows, whose sampler graph an earlier bucket of
+    # as many rows captured (on the CPU, 3 steps of 128-512 tokens, seconds each)
+    if not {("model", (unit := self.pending[0])[0]), ("sampler", unit[1], min(unit[0], self.max_rows))} <= self.graphs.keys():
+      with Context(BEAM=self.config.beam if unit[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
     # its filtered sampler in (after its plain one): steps may use it
     if unit[1]: self.buckets = sorted({*self.buckets, unit[0]})
     if len(self.pending) > 1: return self.pending.pop(0)
