@@ -1,4 +1,5 @@
-"""The small-M GEMV of decode steps (gemm._gemv_kernel), against numpy, for every M from 1 to 16, and its GPU form rendered for CUDA, METAL and AMD."""
+"""The small-M GEMV of decode steps (gemm._gemv_kernel), against numpy, for every M from 1 to 16, and its GPU form rendered for CUDA, METAL and AMD;
+the CPU's prompt-sized matmuls (gemm.matmul over a packed W) against numpy."""
 import functools
 import numpy as np, pytest
 from tinygrad import Tensor, TinyJit, UOp, dtypes
@@ -37,6 +38,15 @@ def test_matmul_routes_small_m_to_the_gemv_inside_a_jit():
     assert np.abs(got - want).max() / np.abs(want).max() < 2e-3
   names = [str(getattr(u.src[0].arg, "name", "")) for u in step.captured.linear.toposort() if u.op is Ops.CALL]
   assert any(n.startswith("gemv_3_64_") for n in names), names
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16])
+def test_matmul_of_prompt_sized_steps_matches_numpy(dt):
+  """From 16 rows the CPU runs tinygrad's matmul over W^T copied into tiles of 8 columns (N % 8 == 0), else over W^T as it is."""
+  rng = np.random.default_rng(16)
+  for M, N in ((16, 40), (64, 40), (16, 36)):
+    x, w = rng.standard_normal((M, 96)).astype(NP[dt]), rng.standard_normal((N, 96)).astype(NP[dt])
+    got, want = gemm.matmul(Tensor(x), Tensor(w)).numpy(), reference(x, w)
+    assert got.dtype == NP[dt] and np.abs(got - want).max() / np.abs(want).max() < (1e-6 if dt == dtypes.float32 else 2e-3), (M, N)
 
 @pytest.mark.parametrize("backend", list(RENDERERS))
 @pytest.mark.parametrize("M, rows", [(1, 1), (8, 2)])
