@@ -1,13 +1,11 @@
-"""Scheduler rules on their own (no model): decodes first, prompts chunked to the token budget, preemption of the newest sequence, and
-async scheduling's bookkeeping around a step whose tokens are still on the GPU."""
-import types, numpy as np
+"""Scheduler rules on their own: decodes first, prompts chunked to the token budget, preemption of the newest sequence, and async
+scheduling's bookkeeping around a step whose tokens are still on the GPU, with a real engine's output processing (the bundled model)."""
+import numpy as np
 from tinyvllm.block_manager import BlockManager
 from tinyvllm.config import Config
 from tinyvllm.scheduler import Scheduler
 from tinyvllm.llm_engine import LLMEngine
 from tinyvllm.sequence import Sequence, SamplingParams, Status
-from tinyvllm.tokenizer import Tokenizer
-from tinyvllm.config import BUNDLED_MODEL
 
 def engine_step(sch, batch):   # what the engine does with a batch: compute the tokens, sample one for sequences whose prompt is done
   for seq, n in batch:
@@ -43,8 +41,10 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   """advance() runs right after a launch: each sampling sequence holds a placeholder, -1 - its row in the step's sampled tokens (where the
   next step's graph reads it on the device), so the next step schedules its decode at once. receive() puts the real token in. A sequence the late token stops has run once more for nothing:
   advance() skips it and its blocks are already back."""
-  bm, tokenizer = BlockManager(16, 4), Tokenizer(BUNDLED_MODEL)
-  sch = Scheduler(Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4, max_model_len=64), bm)
+  config = Config(max_num_batched_tokens=64, max_num_seqs=8, block_size=4, max_model_len=64, enforce_eager=True)
+  # the engine's output processing runs on a real engine (the bundled model), its scheduler this test's over a pool of 16 blocks
+  engine, bm = LLMEngine(config), BlockManager(16, 4)
+  sch, tokenizer = Scheduler(engine.config, bm), engine.tokenizer
   a, b = Sequence("a", [1] * 6, SamplingParams(max_tokens=1)), Sequence("b", [1] * 3, SamplingParams(max_tokens=5))
   for seq in (a, b): seq.detok = tokenizer.detokenizer(seq.token_ids)
   sch.waiting.extend([a, b])
@@ -56,9 +56,8 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   kept = sch.receive([a, b], np.array([300, 301]))  # step one's tokens, before step two's launch reads them
   assert a.token_ids[-1] == 300 and b.token_ids == [1, 1, 1, 301]
   # while step two runs, the engine's output processing: a has its one token
-  engine = types.SimpleNamespace(scheduler=sch, tokenizer=tokenizer, config=sch.config, requests={"a": a, "b": b}, num_prompt_tokens=0,
-                                 num_generation_tokens=0)
-  outputs = [LLMEngine.process_output(engine, seq, token, n) for seq, token, n in kept]
+  engine.scheduler, engine.requests = sch, {"a": a, "b": b}
+  outputs = [engine.process_output(seq, token, n) for seq, token, n in kept]
   assert [(o.request_id, o.outputs[0].token_ids, o.outputs[0].finish_reason, o.finished) for o in outputs] == [("a", [300], "length", True),
                                                                                                               ("b", [301], None, False)]
   assert list(engine.requests) == ["b"]   # a finished request leaves the engine
