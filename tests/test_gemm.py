@@ -1,5 +1,5 @@
-"""The small-M GEMV of decode steps (gemm._gemv_kernel), against numpy, for every M from 1 to 16, and its GPU form rendered for CUDA, METAL and AMD;
-the CPU's prompt-sized matmuls (gemm.matmul over a packed W) against numpy."""
+"""The small-M GEMV of decode steps (gemm._gemv_kernel), against numpy, for every M from 1 to 16, and its GPU form rendered for CUDA,
+METAL and AMD; the CPU's prompt-sized matmuls (gemm.matmul over a packed W) against numpy."""
 import functools
 import numpy as np, pytest
 from tinygrad import Tensor, TinyJit, UOp, dtypes

@@ -165,8 +165,8 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   ids = () if experts is None else (experts if experts.ndim == 1 else experts[:, 0].contiguous(),)
   small = experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec
   # neither kernel of ours: tinygrad's matmul (which all-reduces a row-parallel product itself). On the CPU over W^T copied into tiles of
-  # 8 columns, each tile's K rows one contiguous run, which tinygrad's C code loads as vectors: from 16 rows, 1.3-2.6x our GEMV with the
-  # copy (layer matmuls at 512 rows ~8 -> ~20 GFLOP/s on the 2-core CPU; BENCHMARKS.md)
+  # 8 columns, each tile's K rows one contiguous run, which tinygrad's C code loads as vectors: from 16 rows faster than our GEMV, the copy
+  # (each prompt step's) included, where W^T as it lies was slower (scripts/bench_cpu_matmul.py, BENCHMARKS.md)
   packed = lambda: w.reshape(N // 8, 8, K).permute(0, 2, 1).contiguous().permute(1, 0, 2).reshape(K, N)
   if not small and not wgmma: return x @ (packed() if lanes == 1 and tp == 1 and N % 8 == 0 else w.T)
   BM, BN, ST, S = (0, 0, 0, 1) if small else cfg or ((64, 128, 8, 1) if ids else plan(M, N_dev, K_dev))
