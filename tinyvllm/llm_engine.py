@@ -188,7 +188,7 @@ class AsyncLLM:
         # a request the engine refuses fails alone
         try: call(*args)
         except Exception as e: outs.append((request_id, e))
-      # busy: a capture's pause between steps, where the sequences outnumber the largest bucket captured
+      # busy: a capture's pause between steps, for a bucket the sequences need (ModelRunner.capture_next)
       self.capture(len(scheduler.running) + len(scheduler.waiting))
       try: outs += [(out.request_id, out) for out in self.engine.step()]
       except Exception as e:

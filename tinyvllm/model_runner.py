@@ -247,11 +247,13 @@ class ModelRunner:
   def capture_next(self, num_seqs:int|None=None) -> tuple | None:
     """The capture policy, after the first units (__init__'s): capture the first pending unit, and return it (it stays pending until it
     is in); after the last, store the caches they filled. Busy (num_seqs: the sequences running and waiting), a capture is a pause between
-    steps, taken only while they outnumber the largest bucket yet (else None), the wider buckets first: two captures buy a wider bucket,
-    its plain sampler, then its filtered one. Idle (AsyncLLM's) or offline (LLM's), the units go in order. BEAM, when asked for, tunes
-    only the decode-sized graphs."""
-    if num_seqs is not None and not (self.pending and num_seqs > self.buckets[-1]): return None
-    self.pending.sort(key=lambda unit: num_seqs is not None and unit[0] <= self.buckets[-1])
+    steps, taken only for a bucket that holds them while the bucket they run in is twice as wide or more, or none holds them (else None),
+    the smallest first: two captures buy a bucket, its plain sampler, then its filtered one. So a server busy from its first request gets
+    the buckets its load runs in within seconds, not once it idles. Idle (AsyncLLM's) or offline (LLM's), the units go in order. BEAM,
+    when asked for, tunes only the decode-sized graphs."""
+    wanted = lambda size: num_seqs is None or num_seqs <= size and not any(num_seqs <= b < 2 * size for b in self.buckets)
+    self.pending.sort(key=lambda unit: not wanted(unit[0]))
+    if not (self.pending and wanted(self.pending[0][0])): return None
     # the first unit after the engine's first graphs: the rest of the stored caches (see __init__)
     if self.stored is None:
       for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
