@@ -4,9 +4,9 @@
 --concurrency streaming chat clients send --num-prompts requests of random words, each with max_tokens=--output-len and ignore_eos, and
 we report TTFT p50/p99, TPOT p50/p99 (per request: (e2e - ttft) / (tokens - 1)) and overall output tok/s. --warmup-rounds rounds of
 --concurrency requests run first and are not counted (with --launch, tinyvllm is timed once every step graph is captured; other servers
-may compile lazily). With --launch --from-ready SECONDS, requests at the first --concurrency are sent from the moment the server is
-healthy, for SECONDS, with no warm-up, and reported apart ("from ready"): what users meet while the server still captures graphs; then
-the steady-state levels run once every graph is in.
+may compile lazily). With --launch --from-ready SECONDS, requests at each --concurrency in turn, SECONDS each, are sent from the moment the
+server is healthy, with no warm-up and no pause between levels, and reported apart ("from ready"): what users meet while the server still
+captures graphs; then the same levels run once every graph is in (the server captures the rest in its first idle moments).
 
   python -m tinyvllm.serve --device CUDA --model DIR &  python scripts/bench_serving.py --url http://127.0.0.1:8000
   python scripts/bench_serving.py --launch --device CUDA --model DIR      # starts the server; unknown args are passed to it
@@ -111,8 +111,8 @@ def main():
   p.add_argument("--warmup-rounds", type=int, default=2, help="uncounted rounds of --concurrency requests first")
   p.add_argument("--api-key")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--from-ready", type=float, metavar="SECONDS", help="with --launch: first, requests at the first --concurrency from the "
-                 "moment the server is healthy, for SECONDS, reported apart")
+  p.add_argument("--from-ready", type=float, metavar="SECONDS", help="with --launch: first, requests at each --concurrency in turn from the "
+                 "moment the server is healthy, SECONDS each, reported apart")
   args, server_args = p.parse_known_args()
   if server_args and not args.launch: p.error(f"unrecognized arguments: {' '.join(server_args)} (server args need --launch)")
   url, rng, levels = args.url.rstrip("/"), random.Random(args.seed), args.concurrency
@@ -121,13 +121,16 @@ def main():
     from scripts.bench import model_folder
     server_args += ["--model", model_folder(args)[0], "--load-format", "dummy"]
   if args.from_ready and not args.launch: p.error("--from-ready needs --launch")
-  proc, started, captured = launch(args, server_args, url) if args.launch else (None, None, None)
   words = lambda n: [" ".join(rng.choice(WORDS) for _ in range(args.input_words)) for _ in range(n)]
+  # made before the server starts: making them takes seconds, which a server would spend as idle time (capturing graphs)
+  from_ready_prompts = words(10_000) if args.from_ready else []
+  proc, started, captured = launch(args, server_args, url) if args.launch else (None, None, None)
   try:
-    if args.from_ready:   # as users meet it: from /health on, while the server still captures graphs in its idle moments
-      args.concurrency = levels[0]
+    # as users meet it: from /health on, each level in turn for SECONDS with no pause between them, while the server still captures graphs
+    for i, args.concurrency in enumerate(levels if args.from_ready else []):
       print(f"from ready: concurrency {args.concurrency} for {args.from_ready:.0f} s", flush=True)
-      report(args, *asyncio.run(run(args, url, words(100_000), time.perf_counter() + args.from_ready)), "from ready")
+      report(args, *asyncio.run(run(args, url, from_ready_prompts[i::len(levels)], time.perf_counter() + args.from_ready)), "from ready")
+    if args.from_ready:
       if not captured.wait(args.launch_timeout): sys.exit("not every step graph was captured")
       print(f"all step graphs captured after {time.perf_counter() - started:.1f} s", flush=True)
     for args.concurrency in levels:

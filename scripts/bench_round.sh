@@ -1,0 +1,27 @@
+#!/bin/bash
+# This round's GPU figures (issues #69-#73) on one GPU: the working tree ("ours") against a baseline tree in the same lease (BASE, default
+# .base: `mkdir .base && git archive aefee24 tinyvllm scripts | tar -x -C .base`, carried as an ignored folder). Default flags throughout.
+#   PART=instep  : scripts/bench_instep.py, the dense in-step attention's variants (issue #71)
+#   PART=prefill : profile_decode.py --prefill, one 1024-token step, 1B and 8B shapes (issue #71 item 1)
+#   PART=fresh   : bench_serving.py --launch --from-ready 12 at 1 2 4 8 16 streams then settled, 1B shape, empty cache.db (issue #70 item 2):
+#                  ours, base
+#   PART=latency : bench.py --latency, 1B (ours, base, ours) and 8B (ours, base)
+#   PART=cl      : the engine on tinygrad's OpenCL backend (NVIDIA's driver) beside CUDA: bundled model greedy tokens; 1B float16 and
+#                  float32 decode and TTFT(1024) (issue #69)
+# The device machines have no network: wheels in .whl/ (tinygrad, llguidance, starlette, uvicorn, ...) go into $SITE.
+unset PYTHONDONTWRITEBYTECODE; export PIP_ROOT_USER_ACTION=ignore PYTHONUNBUFFERED=1 DEV=CUDA
+SITE=${SITE:-/tmp/site} BASE=${BASE:-.base} OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+[ -d $SITE/tinygrad ] || python3 -m pip install -q --no-index --no-deps --target $SITE .whl/*.whl || exit 1
+ours() { PYTHONPATH=$SITE:$PWD python3 "$@"; }
+base() { local s=$1; shift; PYTHONPATH=$SITE:$PWD/$BASE python3 $BASE/$s "$@"; }
+nvidia-smi -L; git log --oneline -1 2>/dev/null
+for part in ${PART:-instep}; do case $part in
+instep) ours scripts/bench_instep.py --device CUDA 2>&1 | grep -v "^\s*$" | tail -12;;
+prefill) for cfg in llama-3.2-1b llama-3.1-8b; do echo "== ours $cfg prefill 1024"
+    ours scripts/profile_decode.py --config $cfg --device CUDA --batch 1 --ctx 1024 --prefill --kv-cache-memory 4 --top 16 2>&1 | tail -22; done;;
+fresh) for who in ours base; do echo "== $who server from ready"
+    CACHEDB=/tmp/fresh-$who.db $who scripts/bench_serving.py --launch --config llama-3.2-1b --device CUDA --output-len 256 --from-ready 12 \
+      --concurrency 1 2 4 8 16 2>&1 | grep -E "SUMMARY|healthy after|captured after|fail" | tail -14; done;;
+latency) for who in ours base ours; do echo "== $who 1B"; $who scripts/bench.py --config llama-3.2-1b --device CUDA --latency 2>&1 | grep -E "SUMMARY"; done
+    for who in ours base; do echo "== $who 8B"; $who scripts/bench.py --config llama-3.1-8b --device CUDA --latency 2>&1 | grep -E "SUMMARY"; done;;
+esac; done
