@@ -115,6 +115,20 @@ def test_parser_keeps_text_cut_where_no_tag_is_parsed(text, tool_format):
     reply, streamed = parse(text, cuts, tool_format, False, False, "length")
     assert summary(reply) == summary(streamed) == (text, None, []), cuts
 
+LLAMA3_CUTS = [  # Llama 3's JSON form, cut by max_tokens -> (content, calls)
+  ('{"', None, []), ('{"name', None, []), ('{"name": "get_time", "parameters": {"zone', None, []),   # a call cut anywhere: dropped
+  ('{"name": "get_time", "parameters": {"zone": "CET"}}', None, [CLOCK_CALL]),   # one that ended at max_tokens is a call
+  ('{"answer": 4', '{"answer": 4', []), ("It is {", "It is {", []),   # JSON that is no call, or text: content as it is
+]
+
+@pytest.mark.parametrize("text,content,calls", LLAMA3_CUTS, ids=[p[0][:20] for p in LLAMA3_CUTS])
+def test_parser_drops_a_cut_llama3_call(text, content, calls):
+  """Llama 3's bare JSON calls as Hermes ones (issue #70): a call max_tokens cut off, from its first token ('{"') on, is never content;
+  what cannot be a call's start stays content. The same at every chunk boundary."""
+  for cuts in [[]] + [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]:
+    reply, streamed = parse(text, cuts, "json", False, False, "length")
+    assert summary(reply) == summary(streamed) == (content, None, calls), cuts
+
 def test_parser_holds_back_only_what_may_be_a_tag():
   parser = parser_of("hermes", True, False)
   assert parser.feed(CompletionOutput(0, "<th", [])) is None   # nothing to say yet
@@ -295,6 +309,23 @@ def test_llama3_forced_calls_are_ten_of_ten_valid(llama3, choice):
   finish, message, calls = streamed(llama3, seed=8, **{k: v for k, v in kw.items() if k != "model"})
   whole = llama3.chat.completions.create(seed=8, **kw).choices[0]
   assert finish == "tool_calls" and not message["content"] and valid_calls(calls, names) == valid_calls(whole.message.tool_calls, names)
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}], ids=["required", "named"])
+def test_llama3_forced_call_cut_at_any_max_tokens_leaves_no_content(llama3, choice):
+  """Llama 3's bare JSON calls, as SmolLM2's Hermes ones below (issue #70): a forced call cut by max_tokens anywhere, from its first token
+  ('{"') on, answers finish_reason length, content "" and no tool_calls, streamed or not; at temperature 1, three seeds in turn. A call
+  that ended within max_tokens is a call."""
+  def ask(case):
+    kw = dict(messages=USER, tools=TOOLS, tool_choice=choice, temperature=1, seed=case[1], max_tokens=case[0])
+    return case, llama3.chat.completions.create(model="tiny", **kw), streamed(llama3, **kw)
+  with ThreadPoolExecutor(8) as pool: answers = list(pool.map(ask, [(m, m % 3) for m in [*range(1, 7), 12, 16]]))
+  for (max_tokens, seed), whole, (finish, message, calls) in answers:
+    reply = whole.choices[0]
+    assert reply.finish_reason == finish and (finish == "length" or max_tokens > 6), (max_tokens, seed, reply)   # no call fits in 6
+    if finish == "length":
+      assert reply.message.content == "" and reply.message.tool_calls is None and whole.usage.completion_tokens == max_tokens, reply
+      assert message["content"] == "" and not calls, (max_tokens, seed, message)
+    else: assert finish == "tool_calls" and reply.message.content is None and valid_calls(reply.message.tool_calls) == valid_calls(calls)
 
 @pytest.fixture(scope="module")
 def qwen(base):

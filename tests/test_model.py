@@ -1,7 +1,7 @@
 """The decoder against Hugging Face transformers on the same safetensors (fp32, CPU)."""
 import json, os, pytest, numpy as np, torch, transformers
 from tinygrad import Tensor, dtypes
-from tinyvllm.config import BUNDLED_MODEL
+from tinyvllm.config import BUNDLED_MODEL, model_path
 from tinyvllm.model import read_config, load_weights, Transformer
 
 def causal(c:dict):   # plain contiguous attention: the model is checked on its own, the paged cache elsewhere
@@ -58,6 +58,25 @@ def test_16bit_and_sharded_checkpoints(dtype, tmp_path):
   assert os.path.exists(os.path.join(path, "model.safetensors.index.json"))
   ids = list(range(3, 40))
   np.testing.assert_allclose(our_logits(path, ids), hf_logits(path, ids), atol=1e-4)   # HF upcasts the same 16-bit weights to fp32
+
+@pytest.mark.parametrize("shard", [None, "30KB"], ids=["one-file", "sharded"])
+def test_hub_download_fetches_only_the_weights_it_reads(shard, tmp_path, monkeypatch):
+  """A hub id (issue #70): its json files first, then only the weight files the index names (or the one model.safetensors), not a
+  consolidated.safetensors beside them (Mistral-7B-Instruct-v0.3's, 14.5 GB). The hub is a local repo folder here, each snapshot_download
+  fetching what huggingface_hub's own pattern filter picks from it; the download then loads and matches transformers."""
+  import huggingface_hub, shutil
+  repo = save_random(CONFIGS["llama3"](), tmp_path / "repo", **({"max_shard_size": shard} if shard else {}))
+  weights = {f for f in os.listdir(repo) if f.endswith(".safetensors")}
+  shutil.copy(os.path.join(repo, min(weights)), os.path.join(repo, "consolidated.safetensors"))
+  def snapshot_download(repo_id, allow_patterns):   # into one snapshot folder, as the hub's cache does
+    os.makedirs(snapshot := str(tmp_path / "snapshot"), exist_ok=True)
+    for f in huggingface_hub.utils.filter_repo_objects(os.listdir(repo), allow_patterns=allow_patterns): shutil.copy(os.path.join(repo, f), snapshot)
+    return snapshot
+  monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+  path = model_path("mistralai/tiny-mistral")
+  assert {f for f in os.listdir(path) if f.endswith(".safetensors")} == weights and (len(weights) > 1) == bool(shard)
+  ids = list(range(3, 40))
+  np.testing.assert_allclose(our_logits(path, ids), hf_logits(path, ids), atol=1e-4)
 
 def test_dummy_weights_need_only_config(tmp_path):
   cfg = CONFIGS["qwen3"](); cfg.architectures = ["Qwen3ForCausalLM"]

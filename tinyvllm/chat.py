@@ -99,7 +99,7 @@ class OutputParser:
   """One choice's text, as it streams in, as OpenAI's choices with deltas of reasoning (also as reasoning_content), content and
   tool_calls. StreamRouter holds back a tail that may start a tag and keeps the text from the first <tool_call> on, parsed when the choice
   ends: markup that does not parse is content, but for a call max_tokens cut off (its tag too), which is dropped. Llama 3's JSON form is
-  a whole output that parses as one call (its <|python_tag|> is a special token, so never in the text)."""
+  a whole output that parses as one call (its <|python_tag|> is a special token, so never in the text); cut off, it is dropped too."""
   def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, parallel:bool=True):
     # parallel false: the text before the first call and that call, no more (vLLM drops the later calls)
     self.router, self.tool_format, self.json, self.parallel = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None, parallel
@@ -117,7 +117,8 @@ class OutputParser:
       self.json, text = self.json + text, ""
       if final or self.json.strip() and not self.json.lstrip().startswith("{"):
         if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
-        text, self.json = "" if call else self.json, None
+        # a call max_tokens cut off is dropped, from its first token on ('{"', '{"name', ...), as a Hermes one is (issue #70)
+        text, self.json = "" if call or out.finish_reason == "length" and '{"name"'.startswith(self.json[:7]) else self.json, None
     # reasoning_content is sent as reasoning too: vLLM's name (since its pull request 27752), which its clients read; DeepSeek's clients
     # read reasoning_content
     for key, value in self.router.route(text, final and not cut): merge(delta, {key: value, key.removesuffix("_content"): value})

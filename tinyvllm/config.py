@@ -1,7 +1,7 @@
 """The settings: one Config that flows from the CLI or LLM() into every part of the engine (its field comments are serve.py's --help),
 the engine's log, and where the model and the device come from (model_path, select_device, before any tensor exists). Read by every
 layer; it imports nothing of the engine."""
-import dataclasses, logging, os
+import dataclasses, json, logging, os, huggingface_hub   # huggingface_hub loads its hub client only when called
 
 BUNDLED_MODEL = os.path.join(os.path.dirname(__file__), "stories260K")
 log = logging.getLogger("tinyvllm")   # the engine's log (serve.py has its own)
@@ -28,10 +28,17 @@ class Config:
     if bad := [name for name in positive if getattr(self, name) is not None and not getattr(self, name) > 0]:
       raise ValueError(f"{', '.join(bad)} must be positive (leave unset for the default)")
 
-def model_path(model:str|None) -> str:
-  """A local folder as it is; otherwise a Hugging Face hub id, downloaded once into the hub's cache as vLLM does."""
+def weight_files(folder:str, index:str="model.safetensors.index.json") -> set[str]:
+  """The safetensors files of a model folder that load_weights reads: those a sharded checkpoint's index names, else model.safetensors."""
+  return set(json.load(open(f"{folder}/{index}"))["weight_map"].values()) if index in os.listdir(folder) else {"model.safetensors"}
+
+def model_path(model:str|None, weights:bool=True) -> str:
+  """A local folder as it is; otherwise a Hugging Face hub id, downloaded once into the hub's cache as vLLM does: its json files first,
+  then (weights) only the weight files the loader reads, as vLLM filters them through the index. A repo may hold others beside them:
+  Mistral-7B-Instruct-v0.3's consolidated.safetensors (14.5 GB) beside its Hugging Face shards."""
   if model is None or os.path.isdir(model): return model or BUNDLED_MODEL
-  try: import huggingface_hub; return huggingface_hub.snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.jinja"])
+  files = weight_files(model_path(model, weights=False)) if weights else set()
+  try: return huggingface_hub.snapshot_download(model, allow_patterns=["*.json", "*.jinja", *files])
   except Exception as e:
     raise ValueError(f"model {model!r} is not a local folder and could not be fetched from the Hugging Face hub ({type(e).__name__})") from None
 

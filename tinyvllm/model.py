@@ -5,7 +5,7 @@ import functools, json, math, os, re
 from tinygrad import Tensor, Device, dtypes
 from tinygrad.nn.state import safe_load
 from tinygrad.helpers import tqdm
-from tinyvllm import gemm
+from tinyvllm import config, gemm
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
@@ -74,10 +74,7 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False, devices:tupl
     return t
   draw = lambda names: Tensor.uniform(sum(shapes[n][0] for n in names), *shapes[names[0]][1:], low=-0.05, high=0.05, dtype=dtype)
   if dummy: return {k: place(k, draw(names)) for k, names in tqdm(parts.items(), desc="dummy weights")}
-  # a sharded checkpoint names its files there
-  index = os.path.join(model_dir, "model.safetensors.index.json")
-  files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
-  disk = {k: t for f in files for k, t in safe_load(os.path.join(model_dir, f)).items()}
+  disk = {k: t for f in config.weight_files(model_dir) for k, t in safe_load(os.path.join(model_dir, f)).items()}
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
   # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
   widen = lambda t: t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32) if t.dtype == dtypes.bfloat16 else t
