@@ -122,8 +122,9 @@ def test_the_shipped_cache_holds_todays_gemv(M, X, N, K, E, rows):
 
 def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_tokens():
   """The server says ready (/health 200) once a decode and a 64-token prompt chunk can run; the other graphs are captured while no
-  request runs, one at a time, so a stream opened at ready never waits for one. A long prompt sent at ready, chunked to the captured
-  buckets, gives the tokens it gives once every graph is in, and every graph gets captured."""
+  request runs, one at a time, so a stream opened at ready never waits for one. A long prompt sent at ready runs whole (on the CPU the
+  prompt-sized buckets are in from the start, each captured at its second use) and gives the tokens it gives once every graph is in, and
+  every graph gets captured."""
   import asyncio, time, uuid, numpy as np
   from starlette.testclient import TestClient
   from tinyvllm import Config, SamplingParams
@@ -138,7 +139,7 @@ def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_t
     return prepare(batch, *args)
   runner.prepare = counted
   try:
-    assert runner.pending and runner.buckets[-1] == 64
+    assert runner.pending and runner.buckets == [1, 64, 128, 256, 512]   # on the CPU the prompt-sized buckets (over 32 rows) from the start
     with TestClient(build_app(llm)) as client: assert client.get("/health").status_code == 200
     prompt = [1] + np.random.default_rng(0).integers(3, 512, 449).tolist()
     async def stream(params:SamplingParams) -> tuple[list[int], float]:   # the tokens, and the longest wait between two of them
@@ -148,7 +149,7 @@ def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_t
     requests = [SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=32)]
     async def one_after_another(): return [await stream(params) for params in requests]
     pending, graphs, at_ready = list(runner.pending), set(runner.graphs), asyncio.run(one_after_another())
-    assert max(steps) == 64 and at_ready[0][1] < 1.5   # chunked to the largest bucket captured; the plain request waited for no capture
+    assert max(steps) == 450 and at_ready[0][1] < 1.5   # the whole prompt in one step; the plain request waited for no capture
     assert runner.pending == pending   # the second request followed the first at once: no idle capture came between them
     assert set(runner.graphs) == graphs   # nor one on the spot: the top-p request ran on a sampler captured before ready
     # three streams at once, with no idle moment since ready: the server captures the bucket they need (4) between steps, rather than

@@ -124,16 +124,17 @@ class ModelRunner:
     self.no_grammar, self.grammar_pool = functools.cache(ones), llguidance.LLExecutor()
     # -- capture plan
     # TinyJit graphs (the model's by token bucket, the sampler's by row count), and the sizes of the stored caches as read (written back
-    # only if capturing adds to them). On the CPU prompt-sized steps run eagerly, their "graph" the plain forward: such a step is seconds of
-    # compute there, which a graph shortens little, and capturing it cost seconds at every start (#72). The decode buckets are captured
-    eager = [n for n in buckets if n > self.max_rows and not Device[self.device].renderer.has_local]
-    self.graphs, self.stored = {("model", n): self.forward for n in eager}, list(map(len, STORED_CACHES))
+    # only if capturing adds to them). On the CPU a prompt-sized step's graph is captured when a step first needs it, not before the engine
+    # is ready: capturing one ran its step, seconds of compute there, at every start (#72). Such a TinyJit runs its first call eagerly (on
+    # the CPU 1.5x a replay: tinygrad lowers every kernel again) and captures at its second
+    lazy = [n for n in buckets if n > self.max_rows and not Device[self.device].renderer.has_local]
+    self.graphs, self.stored = {("model", n): TinyJit(self.forward) for n in lazy}, list(map(len, STORED_CACHES))
     # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
     # server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers are both in, so no step
     # waits for a capture, and the token budget is the largest such bucket yet. Units are (tokens, filtered)
-    # (eager buckets among the first: they capture nothing)
-    units, first = [(n, f) for n in buckets for f in (0, 1)], [(n, f) for n in (1, min(64, top), *eager) for f in (0, 1)]
+    # (lazy buckets among the first: they capture nothing now)
+    units, first = [(n, f) for n in buckets for f in (0, 1)], [(n, f) for n in (1, min(64, top), *lazy) for f in (0, 1)]
     self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
     while self.pending and self.pending[0] in first: self.capture_next()
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.cache_key} ready", STORED_CACHES)
