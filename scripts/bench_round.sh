@@ -24,4 +24,10 @@ fresh) for who in ours base; do echo "== $who server from ready"
       --concurrency 1 2 4 8 16 2>&1 | grep -E "SUMMARY|healthy after|captured after|fail" | tail -14; done;;
 latency) for who in ours base ours; do echo "== $who 1B"; $who scripts/bench.py --config llama-3.2-1b --device CUDA --latency 2>&1 | grep -E "SUMMARY"; done
     for who in ours base; do echo "== $who 8B"; $who scripts/bench.py --config llama-3.1-8b --device CUDA --latency 2>&1 | grep -E "SUMMARY"; done;;
+cl) mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd; export OCL_ICD_VENDORS=/tmp/icd
+    for dev in CUDA CL; do ours scripts/check_backends.py --device $dev 2>&1 | grep '^{'; done
+    for dt in float16 float32; do for dev in CUDA CL; do
+      ours scripts/check_backends.py --device $dev --config llama-3.2-1b --dtype $dt --tokens 24 --enforce-eager 2>&1 | grep -E '^\{|Error' | tail -2; done; done
+    for dt in float16 float32; do for dev in CL CUDA; do echo "== ours 1B $dt on $dev"
+      DEV=$dev ours scripts/bench.py --config llama-3.2-1b --device $dev --dtype $dt --latency --copy-gib 0.25 2>&1 | grep -E "SUMMARY|Error" | tail -3; done; done;;
 esac; done
