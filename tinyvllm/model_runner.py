@@ -216,9 +216,12 @@ class ModelRunner:
       inputs["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + num_new] for s, num_new in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
       # scheduler inside the TinyJit call, Python that kept the GPU idle (the calls took 3.3 ms a step at batch 256 on the H100, now 0.36)
-      # each device's copy (a MultiBuffer's bufs; tinygrad internals: its buffers' allocators)
+      # each device's copy (a MultiBuffer's bufs; tinygrad internals: its buffers' allocators). Host-visible memory (METAL, PYTHON, CPU:
+      # _as_buffer) is copied into as a whole view, so it gets a view of the copy's size (_offset); the others (CUDA, HIP, AMD, CL, WEBGPU)
+      # copy len(src) bytes from the address given, and CL's and WEBGPU's allocators have no _offset
       for dev in getattr(buffer := self.step_buffer.uop.buffer, "bufs", [buffer]):
-        dev.allocator._copyin(dev.allocator._offset(dev._buf, packed.nbytes, 0), memoryview(packed).cast("B"))
+        dest = dev.allocator._offset(dev._buf, packed.nbytes, 0) if hasattr(dev.allocator, "_as_buffer") else dev._buf
+        dev.allocator._copyin(dest, memoryview(packed).cast("B"))
       logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
       return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampling, num_rows)] if filtered else []))
     return launch, sampling, self.overlap and not any(s.matcher for s in sampling)
