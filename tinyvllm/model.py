@@ -102,6 +102,11 @@ class Transformer:
     self.cos, self.sin = (table.contiguous().realize().to(devices) for table in (ang.cos(), ang.sin()))
     # tied embeddings share the matrix
     self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+    # the embedding's gather is a reduce in the model's dtype, split in two over the vocabulary at decode. Where the renderer emulates that
+    # dtype (OpenCL without cl_khr_fp16, Python 3.11's PYTHON device), tinygrad 0.14 fails to build such a reduce (BENCHMARKS.md), so the
+    # gather runs in float there: the smaller of the two the renderer has
+    supported = Device[devices[0]].renderer.supported_dtypes()
+    self.embed = weights["model.embed_tokens.weight"].cast(min({self.lm_head.dtype, dtypes.float} & supported))
 
   def norm(self, x:Tensor, weight:Tensor) -> Tensor:
     xf = x.float(); return (xf * (xf.square().mean(-1, keepdim=True) + self.hf_config["rms_norm_eps"]).rsqrt()).cast(x.dtype) * weight
@@ -114,7 +119,7 @@ class Transformer:
     logits (R, vocab) of the R tokens at `rows` (only the rows that sample need the LM head)."""
     hf_config, N, tp = self.hf_config, tokens.shape[0], self.tp
     hd, H, KV = (hf_config[k] for k in ("head_dim", "num_attention_heads", "num_key_value_heads"))
-    cos, sin = self.cos[positions].reshape(N, 1, 1, -1), self.sin[positions].reshape(N, 1, 1, -1); x = self.w["model.embed_tokens.weight"][tokens]
+    cos, sin = self.cos[positions].reshape(N, 1, 1, -1), self.sin[positions].reshape(N, 1, 1, -1); x = self.embed[tokens].cast(self.lm_head.dtype)
     for i in range(hf_config["num_hidden_layers"]):
       p = f"model.layers.{i}."; h = self.norm(x, self.w[p+"input_layernorm.weight"])
       # (N, tp, (H+2*KV)/tp, hd): each device's q, k and v heads (tensor parallel; tp = 1 on one device)
