@@ -1,6 +1,6 @@
 import functools, math
 import numpy as np, pytest
-from tinygrad import Tensor, TinyJit, UOp, dtypes
+from tinygrad import Tensor, TinyJit, UOp, dtypes, Context, Device
 from tinygrad.uop.ops import Ops
 from tinygrad.helpers import Target
 from tinygrad.renderer import Renderer
@@ -114,6 +114,34 @@ def test_bf16_pools_hold_packed_words():
   kp[slots[real]], vp[slots[real]] = rounded(k)[real], rounded(v)[real]
   np.testing.assert_array_equal(kpool.bitcast(dt).float().numpy(), kp); np.testing.assert_array_equal(vpool.bitcast(dt).float().numpy(), vp)
   np.testing.assert_allclose(out[:n_real], ref_attention(rounded(q), kp, vp, bt, ts, cl)[:n_real], atol=2e-2, rtol=0)
+
+# tinygrad's Python emulator with a GPU's target: the UOps run as that GPU would get them (LOCAL axes, shared memory, its tensor cores in
+# tinygrad's own matmuls), which the CPU never runs. DEV selects the emulated target for the whole process, so each test sets it in a Context
+EMULATORS = ["PYTHON::METAL", "PYTHON::gfx1100"]
+
+@pytest.mark.parametrize("target", EMULATORS)
+@pytest.mark.parametrize("dt,mode", [(dtypes.float32, "kernel+dense"), (dtypes.bfloat16, "kernel")])
+def test_gpu_form_on_emulated_gpus(target, dt, mode, monkeypatch):
+  # kv_write then paged attention in their GPU form (D/8 lanes a KV head meeting in shared memory, C chunks a token), a mixed step of
+  # decodes and prefill chunks, against numpy on the same (bf16-rounded) values. kernel+dense: the in-step tokens through tinygrad's matmuls
+  rng, D, G = np.random.default_rng(5), 16, 2
+  monkeypatch.setattr(attention, "DENSE_MIN", 0); monkeypatch.setattr(attention, "DENSE_MAX", MODES[mode])
+  with Context(DEV=target):
+    assert Device[Device.DEFAULT].renderer.has_local and Device.DEFAULT == "PYTHON"
+    T = lambda x: Tensor(x).cast(dt)
+    rounded = lambda x: T(x).float().numpy()
+    kp, vp = (rounded(rng.standard_normal((NB*BS, KVH, D)).astype(np.float32)) for _ in range(2))
+    kpool, vpool = words(T(kp)).contiguous().realize(), words(T(vp)).contiguous().realize()
+    bt, ts, cl, cached, n_real = make_step(rng)
+    real = np.arange(N) < n_real
+    slots = np.where(real, bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS, -1).astype(np.int32)
+    q, k, v = (rounded(rng.standard_normal((N, h, D)).astype(np.float32)) for h in (KVH*G, KVH, KVH))
+    qkv = T(np.concatenate([q, k, v], axis=1))
+    kp2, vp2 = kv_write(kpool, vpool, Tensor(slots), qkv)
+    out = paged_attention(qkv, kp2, vp2, Tensor(bt), Tensor(ts), Tensor(cl - 1), Tensor(cached), BS).float().numpy()
+    kp[slots[real]], vp[slots[real]] = k[real], v[real]
+    np.testing.assert_array_equal(kpool.bitcast(dt).float().numpy(), kp); np.testing.assert_array_equal(vpool.bitcast(dt).float().numpy(), vp)
+  np.testing.assert_allclose(out[:n_real], ref_attention(q, kp, vp, bt, ts, cl)[:n_real], atol=1e-5 if dt == dtypes.float32 else 2e-2, rtol=0)
 
 def test_kv_write_padding_only_and_out_of_pool():
   kpool, vpool = Tensor.zeros(8, 1, 4).contiguous().realize(), Tensor.zeros(8, 1, 4).contiguous().realize()

@@ -2,11 +2,11 @@
 METAL and AMD; the CPU's prompt-sized matmuls (gemm.matmul over a packed W) against numpy."""
 import functools
 import numpy as np, pytest
-from tinygrad import Tensor, TinyJit, UOp, dtypes
+from tinygrad import Tensor, TinyJit, UOp, dtypes, Context, Device
 from tinygrad.uop.ops import Ops
 from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render
 from tinyvllm import gemm
-from test_attention import RENDERERS, make_renderer
+from test_attention import RENDERERS, EMULATORS, make_renderer
 
 NP = {dtypes.float32: np.float32, dtypes.float16: np.float16}
 
@@ -113,3 +113,20 @@ def test_expert_gemv_renders_as_a_grid_with_16_byte_loads(backend):
   prg = do_linearize(ren, UOp(Ops.PROGRAM, src=(sink := full_rewrite_to_sink(ast, ren, optimize=False),)), sink)
   src = do_render(ren, prg, prg.src[1]).src[2].arg
   assert marker in src and "gemv_moe_8_256_512" in src and any(f"{t}4 val" in src for t in ("uint", "unsigned_int")), src
+
+@pytest.mark.parametrize("target", EMULATORS)
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.bfloat16])
+def test_gemv_gpu_form_on_emulated_gpus(target, dt):
+  """gemm.matmul's GEMV and MoE GEMV in their GPU form (a warp of 32 lanes a row block, meeting in shared memory; 16-bit weights read as
+  words), run by tinygrad's Python emulator with the GPU's target (see test_attention), against numpy on the same bf16-rounded values."""
+  rng = np.random.default_rng(7)
+  with Context(DEV=target):
+    assert Device[Device.DEFAULT].renderer.has_local and Device.DEFAULT == "PYTHON"
+    T = lambda x: Tensor(x).cast(dt)
+    rounded = lambda x: T(x).float().numpy()
+    x, w, we = rounded(rng.standard_normal((3, 256))), rounded(rng.standard_normal((10, 256))), rounded(rng.standard_normal((4, 6, 256)))
+    ids = np.array([2, 0, 3, 3, 1, 2], np.int32)   # 2 experts a token
+    got, got_moe = gemm.matmul(T(x), T(w)).float().numpy(), gemm.matmul(T(x), T(we), experts=Tensor(ids)).float().numpy()
+  tol = 1e-6 if dt == dtypes.float32 else 1e-2
+  assert np.abs(got - (want := reference(x, w))).max() / np.abs(want).max() < tol
+  assert np.abs(got_moe - (want := expert_reference(x, we, ids))).max() / np.abs(want).max() < tol
