@@ -163,17 +163,18 @@ def matmul(x:Tensor, w:Tensor, cfg:tuple[int, int, int, int]|None=None, experts:
   rows = 2 if (M >= 4 or experts is not None) and N_dev % 2 == 0 else 1
   # MoE: the experts our kernels take, of each row (GEMV) or of each tile (wgmma)
   ids = () if experts is None else (experts if experts.ndim == 1 else experts[:, 0].contiguous(),)
-  small = experts is not None and experts.ndim == 1 or M < (4 if wgmma else 16) and vec
+  # our GEMV: for an expert per row (MoE decode; tiles reach here only for wgmma, 64 rows each), or for a few rows where K fills its words
+  gemv = experts.ndim == 1 if experts is not None else vec > 0 and M < (4 if wgmma else 16)
   # neither kernel of ours: tinygrad's matmul (which all-reduces a row-parallel product itself). On the CPU over W^T copied into tiles of
   # 8 columns, each tile's K rows one contiguous run, which tinygrad's C code loads as vectors: from 16 rows faster than our GEMV, the copy
   # (each prompt step's) included, where W^T as it lies was slower (scripts/bench_cpu_matmul.py, BENCHMARKS.md)
   packed = lambda: w.reshape(N // 8, 8, K).permute(0, 2, 1).contiguous().permute(1, 0, 2).reshape(K, N)
-  if not small and not wgmma: return x @ (packed() if lanes == 1 and tp == 1 and N % 8 == 0 else w.T)
-  BM, BN, ST, S = (0, 0, 0, 1) if small else cfg or ((64, 128, 8, 1) if ids else plan(M, N_dev, K_dev))
+  if not gemv and not wgmma: return x @ (packed() if lanes == 1 and tp == 1 and N % 8 == 0 else w.T)
+  BM, BN, ST, S = (0, 0, 0, 1) if gemv else cfg or ((64, 128, 8, 1) if ids else plan(M, N_dev, K_dev))
   # split K: S partial products in float32, summed by tinygrad (fused into whatever reads the result); row-parallel, tp devices' S each
-  rows_out = (S * tp if split == 1 else S) * (ids[0].shape[0] if small and ids else M)
+  rows_out = (S * tp if split == 1 else S) * (ids[0].shape[0] if gemv and ids else M)
   out = empty((rows_out, N), dtypes.float if S > 1 else x.dtype, x.device, {0: 1, 1: 0}.get(split))
-  if small: out = out.custom_kernel(x, w.reshape(-1, K), *ids, fxn=functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec))[0]
+  if gemv: out = out.custom_kernel(x, w.reshape(-1, K), *ids, fxn=functools.partial(_gemv_kernel, lanes=lanes, rows=rows, vec=vec))[0]
   else: out = out.custom_kernel(x, w, *ids, fxn=_kernel(M, N_dev, K_dev, dev, BM, BN, ST, S, bool(ids)))[0]
   if S > 1: out = out.reshape(-1, S, M, N).sum(1).cast(x.dtype).reshape(-1, N)
   return all_reduce(out) if split == 1 else out
