@@ -80,7 +80,13 @@ class LLMEngine:
     5. N's kept tokens as outputs: detokenized and stop-checked while the GPU runs N+1 (process_output);
     6. N+1's tokens count as computed, and its sampling sequences hold placeholders for them (scheduler.advance, which skips the sequences
        phase 5 just finished).
-    Returns a delta (new text and token ids) for each request whose sequence produced a token."""
+    Returns a delta (new text and token ids) for each request whose sequence produced a token.
+    The placeholders, a sampling sequence's last token while the GPU draws it:
+    - written by Scheduler.advance right after the launch: -1 - the sequence's row in the step's sampled tokens;
+    - read by the next step: ModelRunner.prepare packs it as an input token, and the graph takes that row of ModelRunner.sampled, which
+      the step before wrote on the device (ModelRunner.forward);
+    - replaced by Scheduler.receive with the token itself, once the host has read it (ModelRunner.read);
+    - dropped by process_output where a finished sequence still holds one (a step launched meanwhile computed it for nothing)."""
     batch, sampling = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, self.in_flight, ahead = self.runner.prepare(batch) if batch else (lambda: None, [], False)

@@ -52,7 +52,16 @@ class OpenAIServer:
 
   def parse(self, raw:bytes) -> tuple[list[int], SamplingParams, LLMatcher | None, dict, OutputParser]:
     """A chat request's body -> what the engine takes (the prompt's token ids, its SamplingParams and its grammar compiled into a
-    matcher, or None) and what the response needs (the body, the OutputParser of its choice)."""
+    matcher, or None) and what the response needs (the body, the OutputParser of its choice).
+    Structured outputs, the grammar's path from the request to the mask and back:
+    1. response_format, structured_outputs or a forced tool call becomes one grammar (chat.request: a JSON schema, regex, choice or Lark);
+    2. compiled once, in the worker thread that runs this, into the llguidance matcher that follows the output (tokenizer.compile_grammar,
+       against the vocabulary LLMEngine built once; offline, LLMEngine.check compiles it);
+    3. the request's Sequence carries the matcher (LLMEngine.add_request);
+    4. each step, ModelRunner.prepare runs its rows through the filtered sampler and launches only once the host has the step before's
+       tokens; ModelRunner.grammar_masks fills each row's bitmask from its matcher, and sampler.sample masks the logits by it;
+    5. back on the host, Scheduler.receive feeds each sampled token to the matcher (consume_token), and LLMEngine.process_output stops
+       the sequence once its grammar is done (is_stopped) or broken (is_error)."""
     # NaN and Infinity, which Python's json takes and JSON has not, fail to parse as integers
     try: body = json.loads(raw, parse_constant=int)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
