@@ -1,4 +1,5 @@
-"""Paged KV cache (vLLM's PagedAttention): the slot-major KV pool write and attention over block tables.
+"""Paged KV cache (vLLM's PagedAttention): the slot-major KV pool write and attention over block tables, and step_attention, the two
+for one layer, which model_runner hands the model bound to a step (the model calls it, and nothing calls back up).
 
 The pool is (num_slots, KVH, D) with slot = block*block_size + offset, the layout of vLLM's `reshape_and_cache`. One attention call serves a
 whole mixed step: every query token (decode or prefill chunk) carries the block-table row of its sequence and its position, so causal
@@ -146,3 +147,10 @@ def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tenso
   # blocks at batch 1 with D = 128, ~20 us of a Qwen3-30B-A3B decode layer on an H100; BENCHMARKS.md)
   if acc.shape[2] % 32 == 0: acc = acc.reshape(N, H, 8, -1, D).sum(3).contiguous()
   return (acc.sum(2) / (l * w).sum(-1).unsqueeze(-1)).cast(qkv.dtype)
+
+def step_attention(kv:list[list[Tensor]], step:dict[str, Tensor], block_size:int, layer:int, qkv:Tensor) -> Tensor:
+  """One layer's attention in a step, as the model calls it, attention(layer, qkv) -> (N, H, D), once model_runner has given it the
+  step (functools.partial): kv, every layer's [K pool, V pool]; step, the step's inputs by name (slots, block_tables (rows, MAXB),
+  token_seq, positions, cached_lens: see paged_attention). The layer's k and v are written into its pools, then attended over."""
+  k_pool, v_pool = kv_write(*kv[layer], step["slots"], qkv)
+  return paged_attention(qkv, k_pool, v_pool, step["block_tables"], step["token_seq"], step["positions"], step["cached_lens"], block_size)

@@ -9,7 +9,7 @@ import tinygrad.runtime.autogen.cuda as cuda   # tinygrad internals: its CUDA bi
 from tinyvllm.config import Config, log
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.gemm import empty
-from tinyvllm.attention import words, kv_write, paged_attention
+from tinyvllm.attention import words, step_attention
 from tinyvllm.sampler import sample
 from tinyvllm.sequence import Sequence
 
@@ -146,11 +146,12 @@ class ModelRunner:
   def forward(self, num_tokens:int, num_rows:int) -> Tensor:
     """The decoder over the step's tokens; returns the logits of the rows that sample."""
     inputs = {name: self.step_buffer[where] for name, where in step_layout(num_tokens, num_rows, self.max_blocks).items()}
-    block_tables = inputs["block_tables"].reshape(num_rows, self.max_blocks)
-    attention = lambda layer, qkv: paged_attention(qkv, *kv_write(*self.kv[layer], inputs["slots"], qkv), block_tables, inputs["token_seq"],
-                                                   inputs["positions"], inputs["cached_lens"], self.config.block_size)
+    # (num_rows, max_blocks): a sampling row's block table
+    inputs["block_tables"] = inputs["block_tables"].reshape(num_rows, self.max_blocks)
     # a token the step before sampled comes from its row of `sampled` (the scheduler's placeholder, -1 - row)
     tokens = (inputs["tokens"] >= 0).where(inputs["tokens"], self.sampled[(-1 - inputs["tokens"]).maximum(0)])
+    # each layer's attention is attention.py's, given this step's inputs and the KV pool here: the model calls it without coming back
+    attention = functools.partial(step_attention, self.kv, inputs, self.config.block_size)
     # the logits of only the rows that sample
     return self.model(tokens, inputs["positions"], attention, inputs["logits_idx"])
 
