@@ -45,7 +45,8 @@ class OpenAIServer:
     # tensor parallelism (README, "Not supported, and why")
     self.registry = CollectorRegistry(); self.registry.register(self)
 
-  def authorize(self, request):   # every /v1 route; /health and /metrics stay open for probes and scrapers
+  def authorize(self, request):
+    """The API key check of every /v1 route; /health and /metrics stay open for probes and scrapers."""
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     if self.api_key and (scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), self.api_key.encode())):
       raise APIError("Incorrect API key provided.", 401, code="invalid_api_key")
@@ -104,15 +105,18 @@ class OpenAIServer:
     # vLLM's /v1/chat/completions/render: the prompt's token ids alone, what vllm-router's cache_aware policy routes by (issue #56)
     if request.url.path.endswith("/render"): return JSONResponse({"token_ids": prompt})
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": self.model}
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt)}   # so far: choices() counts the tokens in
-    async def choices():   # one path for both responses: each engine output as its choice's delta, through chat.py's parser
+    # so far: choices() counts the tokens in
+    usage = {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt)}
+    async def choices():
+      """One path for both responses: each engine output as its choice's delta, through chat.py's parser."""
       try:
         async with contextlib.aclosing(self.llm.generate(prompt, params, head["id"], matcher)) as outputs:
           async for out in outputs:
             for key in ("completion_tokens", "total_tokens"): usage[key] += len(out.outputs[0].token_ids)
             # None while the choice has nothing to say: text can lag tokens (partial UTF-8, held-back stop strings and tags)
             yield parser.feed(out.outputs[0])
-      except ValueError as e: raise APIError(str(e))   # the engine refused the request, and says why
+      # the engine refused the request, and says why
+      except ValueError as e: raise APIError(str(e))
       # a failed step's text may be a driver's or compiler's: the log has it, the client gets a generic message
       except EngineError: raise APIError("The engine failed on this request.", 500, "InternalServerError", code=500)
     if body.get("stream"):
@@ -126,16 +130,19 @@ class OpenAIServer:
           try:
             async for choice in stream: yield chunk([choice]) if choice else ""
             if (body.get("stream_options") or {}).get("include_usage"): yield chunk([], usage=usage)
-          except APIError as e: yield sse(e.body())   # the 200 is sent: the error is an event, as in vLLM
+          # the 200 is sent: the error is an event, as in vLLM
+          except APIError as e: yield sse(e.body())
           yield "data: [DONE]\n\n"
       # Starlette cancels the body iterator on disconnect but never closes it; its background task (run after the stream, ended or cut
       # off) closes it, so the engine's abort runs deterministically
       stream = events()
       return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, background=stream.aclose)
-    async with contextlib.aclosing(choices()) as stream:   # the parser gathers the choice's whole message
+    # the parser gathers the choice's whole message
+    async with contextlib.aclosing(choices()) as stream:
       # uvicorn does not cancel a handler whose client left: look between outputs, so a dropped request stops using KV blocks
       async for _ in stream:
-        if await request.is_disconnected(): return Response(status_code=499)   # leaving the block aborts the request
+        # leaving the block aborts the request
+        if await request.is_disconnected(): return Response(status_code=499)
     return JSONResponse({**head, "choices": [parser.reply()], "usage": usage})
 
   async def models(self, request):   # root: the model's name, never a local path
@@ -146,13 +153,15 @@ class OpenAIServer:
 
   async def metrics(self, request): return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
-  def collect(self):   # the engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape
+  def collect(self):
+    """The engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape."""
     engine, bm, sch = self.llm.engine, self.llm.engine.block_manager, self.llm.engine.scheduler
     for name, value in {"vllm:num_requests_running": len(sch.running), "vllm:num_requests_waiting": len(sch.waiting),
                         "vllm:kv_cache_usage_perc": 1 - bm.num_free / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
                         "vllm:prefix_cache_hits_total": bm.hits, "vllm:num_preemptions_total": sch.num_preemptions,
                         "vllm:prompt_tokens_total": engine.num_prompt_tokens, "vllm:generation_tokens_total": engine.num_generation_tokens,
-                        "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": bm.num_free}.items():   # raw counts: leak checks
+                        # raw counts: leak checks
+                        "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": bm.num_free}.items():
       # a counter's family is named without the _total its sample carries, as prometheus_client's own counters are
       family = Metric(name.removesuffix("_total"), name.split(":")[1], "counter" if name.endswith("_total") else "gauge")
       yield family.add_sample(name, {"model_name": self.model}, value) or family
@@ -162,7 +171,8 @@ def build_app(llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=No
   # a bug's traceback goes to uvicorn's log, never to the client; a client that hangs up mid-upload is no error of ours (499, no traceback)
   not_found = lambda status: "NotFoundError" if status == 404 else "invalid_request_error"
   handlers = {APIError: lambda request, e: e.response(), ClientDisconnect: lambda request, e: Response(status_code=499),
-              ParamError: lambda request, e: APIError(str(e), param=e.param).response(),   # a field out of range or shape: 400 naming it
+              # a field out of range or shape: 400 naming it
+              ParamError: lambda request, e: APIError(str(e), param=e.param).response(),
               HTTPException: lambda request, e: APIError(e.detail, e.status_code, not_found(e.status_code), code=e.status_code).response(),
               Exception: lambda request, e: APIError("Internal server error", 500, "InternalServerError", code=500).response()}
   return Starlette(exception_handlers=handlers, routes=[Route("/v1/chat/completions", server.chat, methods=["POST"]),
@@ -189,7 +199,8 @@ def main():
   # handler ran (exit 143, and tinygrad's compile worker pool leaked its 6 semaphores, which Python's resource tracker reported). Handled
   # as Ctrl-C, it ends in a KeyboardInterrupt like Ctrl-C's
   signal.signal(signal.SIGTERM, signal.default_int_handler)
-  with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled; the shutdown was clean, so exit 0
+  # uvicorn re-raises the Ctrl-C it handled; the shutdown was clean, so exit 0
+  with contextlib.suppress(KeyboardInterrupt):
     uvicorn.run(build_app(llm, args.served_model_name, args.api_key), host=args.host, port=args.port, timeout_graceful_shutdown=5)
   # a SIGTERM sent to the whole process group (timeout, systemd's stop) also kills tinygrad's compile workers, one of them holding their
   # task queue's lock, and the pool's exit finalizer waits for that lock forever. Without it, exit ends the workers as daemon processes
