@@ -61,7 +61,8 @@ extern "C" __global__ void __launch_bounds__(NT, 228*1024/(ST*SB+2048)) NAME(voi
   }
 }"""
 
-SMEM: dict[str, int] = {}   # dynamic shared memory each kernel launches with, by name
+# dynamic shared memory each kernel launches with, by name
+SMEM: dict[str, int] = {}
 
 @functools.cache
 def _launch_with_smem(program_t:type):
@@ -116,7 +117,8 @@ def _gemv_kernel(Y:UOp, X:UOp, W:UOp, *experts:UOp, lanes:int, rows:int, vec:int
   half = lambda word, h: (word >> 16*h).cast(dtypes.uint16).bitcast(dtype).cast(f32)
   dot = sum(half(W[wn, k], h) * half(X[xm, k], h) for h in (0, 1)) if W.dtype != dtype else W[wn, k].cast(f32) * X[xm, k].cast(f32)
   acc = dot.reduce(step, v, arg=Ops.ADD) if gpu else dot.reduce(step, arg=Ops.ADD).reduce(v, arg=Ops.ADD)
-  if gpu:   # a grid axis m has a block of its own: shared memory for one row
+  # a grid axis m has a block of its own: shared memory for one row
+  if gpu:
     shared, j = UOp.placeholder((rows, 1 if experts else M, lanes), f32, 20, addrspace=AddrSpace.LOCAL), UOp.range(lanes, 6, AxisType.REDUCE)
     acc = shared.after(shared[r, m % shared.shape[1], lane].store(acc))[r, m % shared.shape[1], j].reduce(j, arg=Ops.ADD)
   # tag=1: our axes are final, tinygrad's optimizer leaves them (as attention.py's)
