@@ -7,7 +7,10 @@ from tinygrad.renderer import Renderer
 from tinygrad.renderer.cstyle import CUDARenderer, MetalRenderer, HIPRenderer
 from tinygrad.codegen import full_rewrite_to_sink, do_linearize, do_render
 from tinyvllm import attention
-from tinyvllm.attention import words, kv_write, paged_attention, _kv_write_kernel, _paged_attention_kernel
+from tinyvllm.attention import words, paged_attention, step_attention, _kv_write_kernel, _paged_attention_kernel
+
+def kv_write(k_pool, v_pool, slots, qkv):   # the pool write alone, launched as attention.step_attention launches it
+  return tuple(k_pool.custom_kernel(v_pool, slots, qkv, fxn=_kv_write_kernel)[:2])
 
 BS, NB, S, MAXB, N, KVH = 4, 16, 4, 3, 16, 2   # block size, pool blocks, sequences, blocks/seq (T=12), query rows per step, kv heads
 TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3}
@@ -109,7 +112,9 @@ def test_bf16_pools_hold_packed_words():
   slots = np.where(real, bt[ts, (cl - 1) // BS] * BS + (cl - 1) % BS, -1).astype(np.int32)
   k, v, q = (rng.standard_normal((N, h, D)).astype(np.float32) for h in (KVH, KVH, KVH*2))
   qkv = bf16(np.concatenate([q, k, v], axis=1))
-  out = paged_attention(qkv, *kv_write(kpool, vpool, T(slots), qkv), T(bt), T(ts), T(cl - 1), T(cached), BS).float().numpy()
+  # as the model calls it: the step's inputs by name, layer 0 of a one-layer pool
+  step = {"slots": T(slots), "block_tables": T(bt), "token_seq": T(ts), "positions": T(cl - 1), "cached_lens": T(cached)}
+  out = step_attention([[kpool, vpool]], step, BS, 0, qkv).float().numpy()
   kp, vp = rounded(kp), rounded(vp)
   kp[slots[real]], vp[slots[real]] = rounded(k)[real], rounded(v)[real]
   np.testing.assert_array_equal(kpool.bitcast(dt).float().numpy(), kp); np.testing.assert_array_equal(vpool.bitcast(dt).float().numpy(), vp)

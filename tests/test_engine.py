@@ -17,18 +17,23 @@ def test_greedy_matches_transformers_reference(llm):
     assert out.outputs[0].text == case["output_text_in_context"]
     assert out.outputs[0].finish_reason == ("stop" if case["stopped_at_eos"] else "length")
 
-def test_at_ready_a_long_prompt_is_chunked_to_the_captured_buckets():
+def test_at_ready_a_long_prompt_runs_whole_on_the_cpu_in_a_graph_captured_at_its_second_use():
   """LLMEngine alone is ready with the graphs of a decode and of a 64-token chunk (the server captures the others while idle, LLM all of
-  them at once): a long prompt runs in 64-token steps and still gives transformers' greedy tokens."""
-  engine, steps = LLMEngine(Config(max_num_seqs=32)), []
+  them at once); on the CPU the prompt-sized buckets (over max_num_seqs) are in from the start, their graphs TinyJits that run their
+  first call eagerly and capture at their second. A long prompt runs in one step each time, eager then captured then replayed, and gives
+  transformers' greedy tokens every time."""
+  engine, steps = LLMEngine(Config(max_num_seqs=32, enable_prefix_caching=False)), []
   prepare, prompt = engine.runner.prepare, (REF[0]["prompt_token_ids"] + REF[0]["output_token_ids"]) * 9   # 405 tokens
   engine.runner.prepare = lambda batch, *args: steps.append(sum(num_new for _, num_new in batch)) or prepare(batch, *args)
-  engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-  ours = [token for _ in iter(engine.has_unfinished, False) for out in engine.step() for token in out.outputs[0].token_ids]
+  assert engine.runner.buckets == [1, 64, 128, 256, 512]
   with torch.no_grad():
     hf, ids = transformers.AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32), list(prompt)
     for _ in range(24): ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-  assert engine.runner.buckets == [1, 64] and steps[:7] == [64] * 6 + [21] and ours == ids[len(prompt):]
+  for _ in range(3):
+    steps.clear(); engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    ours = [token for _ in iter(engine.has_unfinished, False) for out in engine.step() for token in out.outputs[0].token_ids]
+    assert steps[0] == 405 and ours == ids[len(prompt):]
+  assert engine.runner.graphs[("model", 512)].captured is not None   # captured at the second run, replayed at the third
 
 def mixed_prompts(n, vocab, seed=0):   # lengths from 1 token to well past the 64-token chunk
   rng = np.random.default_rng(seed)
@@ -39,7 +44,7 @@ def test_32_concurrent_equal_one_at_a_time(llm):
   together = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
   alone = [llm.generate([p], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0] for p in prompts[:8]]
   assert [o.outputs[0].token_ids for o in together[:8]] == [o.outputs[0].token_ids for o in alone]
-  assert llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks
+  assert len(llm.engine.block_manager.free) == llm.engine.block_manager.num_blocks
 
 def test_seeds_topk_and_stop_strings(llm):
   p = [REF[0]["prompt_token_ids"]]
@@ -78,9 +83,9 @@ def test_abort_returns_every_block(llm):
   eng = llm.engine
   rids = [eng.add_request(p, SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)) for p in mixed_prompts(8, 512, 1)]
   for _ in range(6): eng.step()
-  assert eng.block_manager.num_free < eng.block_manager.num_blocks
+  assert len(eng.block_manager.free) < eng.block_manager.num_blocks
   for rid in rids: eng.abort(rid)
-  assert not eng.has_unfinished() and eng.block_manager.num_free == eng.block_manager.num_blocks
+  assert not eng.has_unfinished() and len(eng.block_manager.free) == eng.block_manager.num_blocks
 
 def test_bad_requests_raise_clearly_and_leak_nothing(llm):
   eng, ok = llm.engine, SamplingParams(temperature=0, max_tokens=4)
@@ -91,7 +96,7 @@ def test_bad_requests_raise_clearly_and_leak_nothing(llm):
   for bad in [dict(temperature=-1), dict(top_p=0), dict(max_tokens=0), dict(n=0), dict(top_k=-2), dict(stop=[""])]:
     with pytest.raises(ValueError): SamplingParams(**bad)
   while eng.has_unfinished(): eng.step()
-  assert eng.block_manager.num_free == eng.block_manager.num_blocks
+  assert len(eng.block_manager.free) == eng.block_manager.num_blocks
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):   # a random fp32 Llama with stories260K's tokenizer, saved by transformers
@@ -112,7 +117,7 @@ def test_preemption_with_tiny_pool_keeps_outputs(tiny_llama):
   together = [o.outputs[0].token_ids for o in tight.generate(prompts, params, use_tqdm=False)]
   assert together[:6] == alone and tight.engine.scheduler.num_preemptions > 0
   assert together == [o.outputs[0].token_ids for o in roomy.generate(prompts, params, use_tqdm=False)]
-  assert tight.engine.block_manager.num_free == tight.engine.block_manager.num_blocks
+  assert len(tight.engine.block_manager.free) == tight.engine.block_manager.num_blocks
 
 def test_a_kv_pool_full_of_garbage_changes_no_output():
   """The KV pool is allocated without zeroing: attention must read only slots its tokens wrote. Every slot is filled with NaN before the

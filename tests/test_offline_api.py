@@ -14,7 +14,7 @@ def llm(): return LLM(max_num_seqs=8, max_num_batched_tokens=64)
 
 def texts(outs): return [o.outputs[0].text for o in outs]
 
-def all_blocks_free(llm): return llm.engine.block_manager.num_free == llm.engine.block_manager.num_blocks
+def all_blocks_free(llm): return len(llm.engine.block_manager.free) == llm.engine.block_manager.num_blocks
 
 def test_prompt_forms_match_the_recorded_reference(llm):
   case = REF[0]

@@ -32,10 +32,10 @@ def test_out_of_blocks_preempts_the_newest_and_recomputes_it():
   engine_step(sch, sch.schedule())                     # 3 + 3 blocks: the pool is full, both hold 13 tokens
   batch = sch.schedule()                               # old needs a 4th block: new is preempted, its blocks freed
   assert [s.request_id for s, _ in batch] == ["old"] and new.status == Status.WAITING and new.num_computed_tokens == 0
-  assert sch.num_preemptions == 1 and list(sch.waiting) == [new] and bm.num_free == 6 - 4
+  assert sch.num_preemptions == 1 and list(sch.waiting) == [new] and len(bm.free) == 6 - 4
   sch.finish(old)
   batch = sch.schedule()                               # readmitted: recomputes its prompt and the token it had sampled
-  assert [(s.request_id, n) for s, n in batch] == [("new", 13)] and bm.num_free == 6 - 4
+  assert [(s.request_id, n) for s, n in batch] == [("new", 13)] and len(bm.free) == 6 - 4
 
 def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   """advance() runs right after a launch: each sampling sequence holds a placeholder, -1 - its row in the step's sampled tokens (where the
@@ -61,7 +61,7 @@ def test_the_next_step_is_scheduled_before_the_sampled_tokens_arrive():
   assert [(o.request_id, o.outputs[0].token_ids, o.outputs[0].finish_reason, o.finished) for o in outputs] == [("a", [300], "length", True),
                                                                                                               ("b", [301], None, False)]
   assert list(engine.requests) == ["b"]   # a finished request leaves the engine
-  assert a.status == Status.FINISHED and bm.num_free == 16 - 1
+  assert a.status == Status.FINISHED and len(bm.free) == 16 - 1
   sch.advance(second, [a, b])                          # a ran for nothing: skipped; b holds a placeholder again (row 1)
   assert a.num_computed_tokens == 6 and b.num_computed_tokens == 4 and b.token_ids[-1] == -2
-  assert [(s.request_id, n) for s, n in sch.schedule()] == [("b", 1)] and bm.num_free == 16 - 2
+  assert [(s.request_id, n) for s, n in sch.schedule()] == [("b", 1)] and len(bm.free) == 16 - 2

@@ -6,8 +6,7 @@ whole mixed step: every query token (decode or prefill chunk) carries the block-
 masking inside a prefill chunk falls out of the positions (as in vLLM's flattened varlen batches)."""
 import math, functools
 from tinygrad import Tensor, UOp, dtypes, Device
-from tinygrad.uop.ops import KernelInfo, AxisType, Ops
-from tinygrad.dtype import AddrSpace
+from tinygrad.uop.ops import KernelInfo, AxisType, Ops, AddrSpace
 from tinygrad.renderer import Estimates
 from tinyvllm.gemm import empty
 
@@ -28,11 +27,6 @@ def _kv_write_kernel(KP:UOp, VP:UOp, SL:UOp, QKV:UOp) -> UOp:
 
 # 16-bit pools hold 32-bit words of two elements each, as tinygrad widens uint loads to 16 bytes and leaves bf16 ones scalar
 words = lambda x: x.bitcast(dtypes.uint32) if x.dtype.itemsize == 2 else x
-
-def kv_write(k_pool:Tensor, v_pool:Tensor, slots:Tensor, qkv:Tensor) -> tuple[Tensor, Tensor]:
-  """Write k, v, the last 2*KVH heads of qkv (N, H+2*KVH, D), into the pools (words(...) of (num_slots, KVH, D)) at slots (N,) int32 in
-  place; -1 = padding row. Returns the pools after the write."""
-  return tuple(k_pool.custom_kernel(v_pool, slots, qkv, fxn=_kv_write_kernel)[:2])
 
 # The paged attention kernel's axes (UOp.range ids) and buffers, GPU / CPU where they differ; U = D/LANES dims per lane, P positions per
 # iteration:
@@ -151,6 +145,8 @@ def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tenso
 def step_attention(kv:list[list[Tensor]], step:dict[str, Tensor], block_size:int, layer:int, qkv:Tensor) -> Tensor:
   """One layer's attention in a step, as the model calls it, attention(layer, qkv) -> (N, H, D), once model_runner has given it the
   step (functools.partial): kv, every layer's [K pool, V pool]; step, the step's inputs by name (slots, block_tables (rows, MAXB),
-  token_seq, positions, cached_lens: see paged_attention). The layer's k and v are written into its pools, then attended over."""
-  k_pool, v_pool = kv_write(*kv[layer], step["slots"], qkv)
+  token_seq, positions, cached_lens: see paged_attention). The layer's k and v, the last 2*KVH heads of qkv (N, H+2*KVH, D), are written
+  into its pools (words(...) of (num_slots, KVH, D)) at slots (N,) int32 in place (-1 = padding row, by the kv_write kernel), then attended
+  over."""
+  k_pool, v_pool = kv[layer][0].custom_kernel(kv[layer][1], step["slots"], qkv, fxn=_kv_write_kernel)[:2]
   return paged_attention(qkv, k_pool, v_pool, step["block_tables"], step["token_seq"], step["positions"], step["cached_lens"], block_size)

@@ -18,8 +18,6 @@ class BlockManager:
     self.num_blocks, self.block_size, self.caching, self.queries, self.hits = num_blocks, block_size, enable_prefix_caching, 0, 0
     self.ref, self.free, self.cached, self.hash_of = [0] * num_blocks, collections.OrderedDict.fromkeys(range(num_blocks)), {}, {}
 
-  num_free = property(lambda self: len(self.free))
-
   def _take(self) -> int:
     # the front free block; the prefix it held, if any (the least recently used one), leaves the cache
     b, _ = self.free.popitem(last=False); self.cached.pop(self.hash_of.pop(b, None), None)
@@ -34,7 +32,7 @@ class BlockManager:
     hashes = itertools.islice(itertools.accumulate(chunks, block_hash, initial=b""), 1, None)
     shared = list(itertools.takewhile(lambda b: b is not None, map(self.cached.get, hashes)))
     need = -(-len(seq) // self.block_size) - len(shared)
-    if need + sum(self.ref[b] == 0 for b in shared) > self.num_free: return None
+    if need + sum(self.ref[b] == 0 for b in shared) > len(self.free): return None
     for b in shared: self.free.pop(b, None); self.ref[b] += 1
     seq.block_table, cached = shared + [self._take() for _ in range(need)], len(shared) * self.block_size
     seq.block_hashes = [self.hash_of[b] for b in shared] if all(b in self.hash_of for b in shared) else []
@@ -42,7 +40,7 @@ class BlockManager:
 
   def append(self, seq:Sequence, num_new:int) -> bool:
     """Grow the block table on demand so the next num_new tokens have slots; False, taking nothing, if too few blocks are free."""
-    if (need := -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)) > self.num_free: return False
+    if (need := -(-(seq.num_computed_tokens + num_new) // self.block_size) - len(seq.block_table)) > len(self.free): return False
     seq.block_table += [self._take() for _ in range(need)]; return True
 
   def commit(self, seq:Sequence):

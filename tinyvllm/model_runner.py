@@ -9,9 +9,7 @@ import tinygrad.runtime.autogen.cuda as cuda   # tinygrad internals: its CUDA bi
 from tinyvllm.config import Config, log
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.gemm import empty
-from tinyvllm.attention import words, step_attention
-from tinyvllm.sampler import sample
-from tinyvllm.sequence import Sequence
+from tinyvllm import attention, sampler, sequence
 
 # A step's inputs travel to the device as one int32 buffer (one copy per step): the block-table rows of the step's R sampled rows, rows of
 # R per-sample values (temperatures, top_p and min_p as float32 bits), then rows of N per-token values. A sequence samples one row:
@@ -98,7 +96,7 @@ class ModelRunner:
     pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
     # not zeroed: attention reads only slots its tokens wrote, and zeroing a large pool takes seconds on a CPU (BENCHMARKS.md, issue #40).
     # Tensor parallel: split by KV head
-    self.kv = [[words(empty(pool_shape, self.dtype, self.devices, 1)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
+    self.kv = [[attention.words(empty(pool_shape, self.dtype, self.devices, 1)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
     # -- step buffer: the token buckets (powers of two up to the largest step) and the one input buffer they all read
     top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
@@ -151,9 +149,9 @@ class ModelRunner:
     # a token the step before sampled comes from its row of `sampled` (the scheduler's placeholder, -1 - row)
     tokens = (inputs["tokens"] >= 0).where(inputs["tokens"], self.sampled[(-1 - inputs["tokens"]).maximum(0)])
     # each layer's attention is attention.py's, given this step's inputs and the KV pool here: the model calls it without coming back
-    attention = functools.partial(step_attention, self.kv, inputs, self.config.block_size)
+    layer_attention = functools.partial(attention.step_attention, self.kv, inputs, self.config.block_size)
     # the logits of only the rows that sample
-    return self.model(tokens, inputs["positions"], attention, inputs["logits_idx"])
+    return self.model(tokens, inputs["positions"], layer_attention, inputs["logits_idx"])
 
   def sample(self, logits:Tensor, allowed:Tensor|None=None) -> Tensor:
     """Sampling is a graph of its own in two variants: the filtering one (grammar masks, top-k, top-p, min-p) costs several passes over the
@@ -164,10 +162,10 @@ class ModelRunner:
     inputs = {name: self.step_buffer[where] for name, where in step_layout(0, logits.shape[0], self.max_blocks).items()}
     floats = lambda name: inputs[name].bitcast(dtypes.float32)
     filters = () if allowed is None else (inputs["top_k"], floats("top_p"), floats("min_p"), allowed)
-    tokens = sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters)
+    tokens = sampler.sample(logits, floats("temperatures"), inputs["seeds"], inputs["out_positions"], *filters)
     return self.sampled[:logits.shape[0]].assign((inputs["out_positions"] > 0).where(tokens, self.sampled[:logits.shape[0]])).realize()
 
-  def prepare(self, batch:list[tuple[Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple:
+  def prepare(self, batch:list[tuple[sequence.Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple:
     """Packs the step that computes num_new tokens of each (seq, num_new). Returns its launch, which queues it on the device (and gives
     `sampled`, which it writes); the sequences that sample a token in it (those whose last token it computes), in batch order; and
     whether it may launch before the host has read the step before (async scheduling): with overlap (see __init__), unless grammar masks
@@ -245,7 +243,7 @@ class ModelRunner:
     cuda.cuEventRecord(self.event, None)
     if len(Device[self.device].pending_copyin) > 64: Device[self.device].synchronize()
 
-  def grammar_masks(self, sampling:list[Sequence], num_rows:int) -> Tensor:
+  def grammar_masks(self, sampling:list[sequence.Sequence], num_rows:int) -> Tensor:
     """Each sampling row's allowed tokens as a bitmask from its grammar's matcher; rows without a grammar allow every token."""
     if not (matchers := [(seq.matcher, row) for row, seq in enumerate(sampling) if seq.matcher]): return self.no_grammar(num_rows)
     # on llguidance's thread pool, while the GPU runs the step's forward pass (launched before this is called)

@@ -7,9 +7,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 import tinygrad.engine.worker   # only for its compile workers at exit (main)
-from tinyvllm.config import Config
 from tinyvllm.sequence import ParamError, SamplingParams
-from tinyvllm.llm_engine import AsyncLLM, EngineError, LLMatcher
+from tinyvllm.llm_engine import AsyncLLM, Config, EngineError, LLMatcher
 from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, OutputParser, json_size, request as chat_request
 
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
@@ -157,11 +156,11 @@ class OpenAIServer:
     """The engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape."""
     engine, bm, sch = self.llm.engine, self.llm.engine.block_manager, self.llm.engine.scheduler
     for name, value in {"vllm:num_requests_running": len(sch.running), "vllm:num_requests_waiting": len(sch.waiting),
-                        "vllm:kv_cache_usage_perc": 1 - bm.num_free / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
+                        "vllm:kv_cache_usage_perc": 1 - len(bm.free) / bm.num_blocks, "vllm:prefix_cache_queries_total": bm.queries,
                         "vllm:prefix_cache_hits_total": bm.hits, "vllm:num_preemptions_total": sch.num_preemptions,
                         "vllm:prompt_tokens_total": engine.num_prompt_tokens, "vllm:generation_tokens_total": engine.num_generation_tokens,
                         # raw counts: leak checks
-                        "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": bm.num_free}.items():
+                        "tinyvllm:num_blocks": bm.num_blocks, "tinyvllm:num_free_blocks": len(bm.free)}.items():
       # a counter's family is named without the _total its sample carries, as prometheus_client's own counters are
       family = Metric(name.removesuffix("_total"), name.split(":")[1], "counter" if name.endswith("_total") else "gauge")
       yield family.add_sample(name, {"model_name": self.model}, value) or family
