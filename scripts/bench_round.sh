@@ -30,4 +30,8 @@ cl) mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd; expor
       ours scripts/check_backends.py --device $dev --config llama-3.2-1b --dtype $dt --tokens 24 --enforce-eager 2>&1 | grep -E '^\{|Error' | tail -2; done; done
     for dt in float16 float32; do for dev in CL CUDA; do echo "== ours 1B $dt on $dev"
       DEV=$dev ours scripts/bench.py --config llama-3.2-1b --device $dev --dtype $dt --latency --copy-gib 0.25 2>&1 | grep -E "SUMMARY|Error" | tail -3; done; done;;
+clmin) mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd; export OCL_ICD_VENDORS=/tmp/icd   # the shortest CL check
+    for dev in CUDA CL; do ours scripts/check_backends.py --device $dev 2>&1 | grep -E '^\{|Error' | tail -2; done
+    for dev in CUDA CL; do ours scripts/check_backends.py --device $dev --config llama-3.2-1b --dtype float16 --tokens 24 --enforce-eager 2>&1 | grep -E '^\{|Error' | tail -2; done
+    echo "== ours 1B float16 on CL"; DEV=CL ours scripts/bench.py --config llama-3.2-1b --device CL --dtype float16 --latency --copy-gib 0.25 2>&1 | grep -E "SUMMARY|Error" | tail -3;;
 esac; done
