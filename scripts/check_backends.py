@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Greedy tokens of one engine on one tinygrad backend, as a JSON line, to compare backends (issue #69): the bundled model against the
-transformers reference recorded in tests/data/reference.json, or a scripts/configs shape with dummy weights (the same on every backend:
-tinygrad's random numbers are computed by kernels from a seed) on a fixed prompt.
+transformers reference recorded in tests/data/reference.json, or a scripts/configs shape on a fixed prompt, with random weights that numpy
+draws from seed 0 and writes as float16 safetensors (the engine's own dummy weights differ between backends: tinygrad draws them per
+device).
 
   python scripts/check_backends.py --device CUDA                                  # bundled model, its reference case
   python scripts/check_backends.py --device CL --config llama-3.2-1b --dtype float16 --tokens 32
@@ -19,9 +20,13 @@ if __name__ == "__main__":
   if a.config:
     from scripts.bench import model_folder
     a.model, a.max_model_len = None, 2048
-    path, load_format = model_folder(a)
-    llm = LLM(path, device=a.device, dtype=a.dtype, load_format=load_format, max_num_seqs=4, max_model_len=2048, kv_cache_memory=2,
-              enforce_eager=a.enforce_eager)
+    import numpy as np
+    from safetensors.numpy import save_file
+    from tinyvllm.model import read_config, weight_shapes
+    path, rng = model_folder(a)[0], np.random.default_rng(0)
+    shapes = weight_shapes(read_config(path))
+    save_file({k: (rng.random(s, np.float32) * 0.1 - 0.05).astype(np.float16) for k, s in shapes.items()}, f"{path}/model.safetensors")
+    llm = LLM(path, device=a.device, dtype=a.dtype, max_num_seqs=4, max_model_len=2048, kv_cache_memory=2, enforce_eager=a.enforce_eager)
     prompt, expected = [128000] + [(i * 7919) % 120000 + 1000 for i in range(1030)], None   # past DENSE_MIN: the dense in-step attention runs
   else:
     case = json.load(open(os.path.join(os.path.dirname(__file__), "..", "tests", "data", "reference.json")))["cases"][0]
