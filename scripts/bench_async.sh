@@ -10,13 +10,7 @@
 #                ours at N=1, ours at N=2 again
 #   PART=moe   : bench.py --latency, Qwen3-30B-A3B shape (--kv-cache-memory 4, as its earlier rows): ours, base
 #   PART=offline: bench.py --num-requests 256, 1B and 8B shapes: ours, base
-# The device machines have no network: wheels in .whl/ (tinygrad, llguidance, starlette, uvicorn, ...) go into $SITE.
-unset PYTHONDONTWRITEBYTECODE; export PIP_ROOT_USER_ACTION=ignore PYTHONUNBUFFERED=1 DEV=CUDA
-SITE=${SITE:-/tmp/site} BASE=${BASE:-.base} OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-[ -d $SITE/tinygrad ] || python3 -m pip install -q --no-index --no-deps --target $SITE .whl/*.whl || exit 1
-ours() { PYTHONPATH=$SITE:$PWD python3 "$@"; }
-base() { local s=$1; shift; PYTHONPATH=$SITE:$PWD/$BASE python3 $BASE/$s "$@"; }
-nvidia-smi -L; git log --oneline -1 2>/dev/null
+source scripts/device_env.sh   # wheels into $SITE, ours / base
 for part in ${PART:-check 1b}; do case $part in
 check)
   ours scripts/check_async.py --eager > $OUT/check-ours.json 2> $OUT/check-ours.log; tail -4 $OUT/check-ours.log | grep -v "it/s"

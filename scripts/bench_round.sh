@@ -8,13 +8,7 @@
 #   PART=latency : bench.py --latency, 1B (ours, base, ours) and 8B (ours, base)
 #   PART=cl      : the engine on tinygrad's OpenCL backend (NVIDIA's driver) beside CUDA: bundled model greedy tokens; 1B float16 and
 #                  float32 decode and TTFT(1024) (issue #69)
-# The device machines have no network: wheels in .whl/ (tinygrad, llguidance, starlette, uvicorn, ...) go into $SITE.
-unset PYTHONDONTWRITEBYTECODE; export PIP_ROOT_USER_ACTION=ignore PYTHONUNBUFFERED=1 DEV=CUDA
-SITE=${SITE:-/tmp/site} BASE=${BASE:-.base} OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-[ -d $SITE/tinygrad ] || python3 -m pip install -q --no-index --no-deps --target $SITE .whl/*.whl || exit 1
-ours() { PYTHONPATH=$SITE:$PWD python3 "$@"; }
-base() { local s=$1; shift; PYTHONPATH=$SITE:$PWD/$BASE python3 $BASE/$s "$@"; }
-nvidia-smi -L; git log --oneline -1 2>/dev/null
+source scripts/device_env.sh   # wheels into $SITE, ours / base
 for part in ${PART:-instep}; do case $part in
 instep) ours scripts/bench_instep.py --device CUDA 2>&1 | grep -v "^\s*$" | tail -12;;
 prefill) for cfg in llama-3.2-1b llama-3.1-8b; do echo "== ours $cfg prefill 1024"

@@ -1,0 +1,25 @@
+#!/usr/bin/env python3
+"""The CPU's start-up and its prompt-sized graphs (issue #72), default flags:
+
+  python scripts/bench_cpu_start.py start --model ~/SmolLM2          # seconds for LLM(model, device="CPU") in this fresh process
+  python scripts/bench_cpu_start.py prompt --model ~/SmolLM2         # a 1024-token prompt's first token: first use, second, third
+
+`start` times what a user's `LLM()` costs after the import (run it twice against one CACHEDB: the first fills cache.db). `prompt` sends
+the same 1024-token prompt three times (prefix caching off): the prompt-sized buckets' TinyJits run their first call eagerly, capture
+at their second and replay from the third. Run a tree against another with PYTHONPATH=<tree> and a CACHEDB of its own."""
+import argparse, time
+import numpy as np
+
+if __name__ == "__main__":
+  p = argparse.ArgumentParser()
+  p.add_argument("what", choices=["start", "prompt"]); p.add_argument("--model"); p.add_argument("--tokens", type=int, default=1024)
+  a = p.parse_args()
+  from tinyvllm import LLM, SamplingParams
+  t = time.perf_counter()
+  llm = LLM(a.model, device="CPU", enable_prefix_caching=a.what == "start")
+  print(f"LLM() {time.perf_counter() - t:.1f} s", flush=True)
+  if a.what == "prompt":
+    prompt = np.random.default_rng(0).integers(100, 40000, a.tokens).tolist()
+    for use in ("first", "second", "third"):
+      t = time.perf_counter(); llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+      print(f"{a.tokens}-token prompt, {use} use: {time.perf_counter() - t:.1f} s to its first token", flush=True)
