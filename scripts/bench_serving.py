@@ -14,7 +14,7 @@ captures graphs; then the same levels run once every graph is in (the server cap
   python scripts/bench_serving.py --launch --device CUDA --config llama-3.2-1b --from-ready 60 --concurrency 1 8 --output-len 256
 Uses the official `openai` client when it is installed, else raw httpx SSE.
 """
-import argparse, asyncio, json, os, random, re, subprocess, sys, threading, time, urllib.parse
+import argparse, asyncio, datetime, json, os, random, re, subprocess, sys, threading, time, urllib.parse
 import httpx, numpy as np
 try: from openai import AsyncOpenAI
 except ImportError: AsyncOpenAI = None
@@ -79,6 +79,7 @@ def launch(args, server_args:list[str], url:str) -> tuple[subprocess.Popen, floa
   cmd = [sys.executable, "-m", "tinyvllm.serve", "--host", u.hostname, "--port", str(u.port or 80), *server_args]
   cmd += ["--api-key", args.api_key] if args.api_key else []
   print("launching:", " ".join(cmd), flush=True)
+  launched = datetime.datetime.now().strftime("%H:%M:%S,%f")[:-3]
   proc, t, healthy, captured = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), stdout=subprocess.PIPE,
                                                 stderr=subprocess.STDOUT, text=True), time.perf_counter(), None, threading.Event()
   def echo():   # the server's log, passed through; its line for the last graph (or, eager, for no graph to capture) is what we wait for
@@ -90,9 +91,9 @@ def launch(args, server_args:list[str], url:str) -> tuple[subprocess.Popen, floa
     if proc.poll() is not None: sys.exit(f"server exited with code {proc.returncode} before it was ready")
     try:
       if healthy is None and httpx.get(f"{url}/health", timeout=2).status_code == 200:
-        print(f"server healthy after {(healthy := time.perf_counter() - t):.1f} s", flush=True)
+        print(f"server healthy after {(healthy := time.perf_counter() - t):.1f} s (launched at {launched}, the log's clock)", flush=True)
     except httpx.TransportError: pass
-    if healthy is not None and args.from_ready: return proc, t, captured
+    if healthy is not None and (args.from_ready or args.health_only): return proc, t, captured
     if healthy is not None and captured.wait(1): print(f"all step graphs captured after {time.perf_counter() - t:.1f} s", flush=True); return proc, t, captured
     if healthy is None: time.sleep(0.05)   # /health polled often: the launch-to-healthy figure is what #40 measures
   proc.terminate(); sys.exit(f"server not ready after {args.launch_timeout} s")
@@ -113,9 +114,10 @@ def main():
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--from-ready", type=float, metavar="SECONDS", help="with --launch: first, requests at each --concurrency in turn from the "
                  "moment the server is healthy, SECONDS each, reported apart")
+  p.add_argument("--health-only", action="store_true", help="with --launch: time the server's /health, then stop it")
   args, server_args = p.parse_known_args()
   if server_args and not args.launch: p.error(f"unrecognized arguments: {' '.join(server_args)} (server args need --launch)")
-  url, rng, levels = args.url.rstrip("/"), random.Random(args.seed), args.concurrency
+  url, rng, levels = args.url.rstrip("/"), random.Random(args.seed), [] if args.health_only else args.concurrency
   if args.config:   # the same dummy-weight model folder as bench.py, tokenizer included
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from scripts.bench import model_folder
