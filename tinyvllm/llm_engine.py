@@ -39,7 +39,8 @@ class LLMEngine:
     # requests: request id -> its sequence; in_flight: the sequences that sample in the step launched last, whose tokens the host has
     # not read yet
     self.requests, self.in_flight, self.grammar_tokenizer = {}, [], grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
-    self.num_prompt_tokens = self.num_generation_tokens = 0   # counters
+    # counters, for serve.py's metrics
+    self.num_prompt_tokens = self.num_generation_tokens = 0
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams, matcher=None) -> tuple[list[int], LLMatcher | None]:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,

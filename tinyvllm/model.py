@@ -153,7 +153,8 @@ class Transformer:
     # (N, k): the router weights of each token's k experts (sel: their ids)
     weights = probs.gather(-1, sel := (rank.unsqueeze(1) == arange(k).unsqueeze(-1)).where(i, 0).sum(-1))
     if c["norm_topk_prob"]: weights = weights / weights.sum(-1, keepdim=True)
-    stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)   # (E, rows, cols)
+    # (E, rows, cols)
+    stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)
     # inputs: x's row of each output row; owner: the expert of each row (decode), or of each tile's rows; row_of: tiles only, below
     # the tiles pay from ~4 rows per expert on average on wgmma (Hopper, bf16), from ~32 on tinygrad's matmul (BENCHMARKS.md)
     if A < (4 if gemm.hopper(x.device) and x.dtype == dtypes.bfloat16 else 32) * E: inputs, owner, row_of = x, sel.flatten(), None

@@ -5,7 +5,8 @@ across start-ups and decides when each graph is captured (capture_next). llm_eng
 import ctypes, functools, itertools, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
-import tinygrad.runtime.autogen.cuda as cuda   # tinygrad internals: its CUDA bindings
+# tinygrad internals: its CUDA bindings
+import tinygrad.runtime.autogen.cuda as cuda
 from tinyvllm.config import Config, log
 from tinyvllm.model import read_config, load_weights, Transformer
 from tinyvllm.gemm import empty
@@ -69,7 +70,8 @@ class ModelRunner:
     if any(size % tp for size in sizes.values()): raise ValueError(f"tensor_parallel_size {tp} must divide the model's {sizes}")
     if tp > 1 and hf_config["moe_layers"]: raise ValueError("mixture-of-experts models run with tensor_parallel_size 1 (for now)")
     self.devices = tuple(f"{self.device}:{i}" for i in range(tp))
-    try: Device[self.devices[-1]]   # the last one opens only if all before it exist
+    # the last one opens only if all before it exist
+    try: Device[self.devices[-1]]
     except Exception as e: raise ValueError(f"tensor_parallel_size {tp}: tinygrad cannot open {self.devices[-1]} ({e})") from None
     # what the model is built at: its compute dtype and context length (cut to the KV pool below). GPUs compute in the checkpoint's 16-bit
     # type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler can't build is refused here, in one sentence, not
@@ -89,7 +91,8 @@ class ModelRunner:
     # by default enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB; on CUDA, the one device where tinygrad tells free
     # memory, 80% of it (the rest for graphs)
     kv_gb = config.kv_cache_memory or min(config.max_num_seqs * self.max_model_len // block_size * bytes_per_block / 1e9, 4.0)
-    if config.kv_cache_memory is None and self.device == "CUDA":   # free and total bytes
+    if config.kv_cache_memory is None and self.device == "CUDA":
+      # free and total bytes
       cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); kv_gb = 0.8 * free.value / 1e9 * tp
     # one sequence must always fit the pool, or preemption can't help
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1); self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)
