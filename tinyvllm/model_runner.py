@@ -8,9 +8,7 @@ from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHEL
 # tinygrad internals: its CUDA bindings
 import tinygrad.runtime.autogen.cuda as cuda
 from tinyvllm.config import Config, log
-from tinyvllm.model import read_config, load_weights, Transformer
-from tinyvllm.gemm import empty
-from tinyvllm import attention, sampler, sequence
+from tinyvllm import attention, gemm, model, sampler, sequence
 
 # A step's inputs travel to the device as one int32 buffer (one copy per step): the block-table rows of the step's R sampled rows, rows of
 # R per-sample values (temperatures, top_p and min_p as float32 bits), then rows of N per-token values. A sequence samples one row:
@@ -46,7 +44,7 @@ class ModelRunner:
   the stored caches (STORED_CACHES) and its cache.db connection (__init__), its CUDA bindings (cuda: KV sizing, download, read), the
   step buffer's device buffers (launch), TinyJit's counter (call), and its pending host copies (download)."""
   def __init__(self, config:Config, model_dir:str):
-    start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
+    start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := model.read_config(model_dir))
     # -- compile caches: tinygrad's, kept in its cache.db across start-ups (see STORED_CACHES, SHIPPED_CACHE)
     # the shipped cache on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
@@ -82,8 +80,8 @@ class ModelRunner:
     except Exception as e:
       raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
     self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
-    weights = load_weights(model_dir, hf_config, self.dtype, config.load_format == "dummy", self.devices)
-    self.model = Transformer(hf_config, weights, self.max_model_len, self.devices)
+    weights = model.load_weights(model_dir, hf_config, self.dtype, config.load_format == "dummy", self.devices)
+    self.model = model.Transformer(hf_config, weights, self.max_model_len, self.devices)
     log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
     # -- KV pool: per layer a K and a V pool of (num_blocks * block_size slots, KV heads, head_dim); max_model_len cut to what it holds
     num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
@@ -96,10 +94,10 @@ class ModelRunner:
       cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); kv_gb = 0.8 * free.value / 1e9 * tp
     # one sequence must always fit the pool, or preemption can't help
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1); self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)
-    pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
+    shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
     # not zeroed: attention reads only slots its tokens wrote, and zeroing a large pool takes seconds on a CPU (BENCHMARKS.md, issue #40).
     # Tensor parallel: split by KV head
-    self.kv = [[attention.words(empty(pool_shape, self.dtype, self.devices, 1)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
+    self.kv = [[attention.words(gemm.empty(shape, self.dtype, self.devices, 1)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
     log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
     # -- step buffer: the token buckets (powers of two up to the largest step) and the one input buffer they all read
     top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
