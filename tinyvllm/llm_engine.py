@@ -7,8 +7,7 @@ import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinyg
 from tinyvllm.config import Config, log, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, RequestOutput
 from tinyvllm.tokenizer import Tokenizer, grammar_tokenizer, compile_grammar, LLMatcher
-from tinyvllm.block_manager import BlockManager
-from tinyvllm.scheduler import Scheduler
+from tinyvllm import block_manager, scheduler
 
 # the server captures a pending graph only after this long without work, so a client's next request, sent as its last reply ends, never
 # waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new).
@@ -34,8 +33,8 @@ class LLMEngine:
     self.model_name = os.path.basename(model_dir.rstrip("/")) if config.model is None or os.path.isdir(config.model) else config.model
     # the resolved config (the context length the model and the KV pool allow) flows on; the caller's Config is left as it was
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
-    self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-    self.scheduler = Scheduler(config, self.block_manager)
+    self.block_manager = block_manager.BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+    self.scheduler = scheduler.Scheduler(config, self.block_manager)
     # requests: request id -> its sequence; in_flight: the sequences that sample in the step launched last, whose tokens the host has
     # not read yet
     self.requests, self.in_flight, self.grammar_tokenizer = {}, [], grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
