@@ -62,8 +62,7 @@ class LLMEngine:
     self.requests[request_id] = seq; self.scheduler.waiting.append(seq); return request_id
 
   def abort(self, request_id:str):
-    seq = self.requests.pop(request_id, None)
-    if seq is not None: self.scheduler.finish(seq)
+    if request_id in self.requests: self.scheduler.finish(self.requests.pop(request_id))
 
   def has_unfinished(self) -> bool: return bool(self.requests)
 
