@@ -99,8 +99,10 @@ class OpenAIServer:
     if request.headers.get("content-type", "application/json").split(";")[0].strip().lower() != "application/json":
       raise APIError("The body must be JSON, sent as Content-Type: application/json", 415)
     raw = bytearray()
-    async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
-      if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
+    # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
+    async for chunk in request.stream():
+      raw.extend(chunk)
+      if len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
     prompt, params, matcher, body, parser = await asyncio.to_thread(self.parse, raw)
     # vLLM's /v1/chat/completions/render: the prompt's token ids alone, what vllm-router's cache_aware policy routes by (issue #56)
