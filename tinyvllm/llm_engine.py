@@ -3,7 +3,7 @@ checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, r
 processor too: a sampled token back to text, stop checks and the request's output (process_output), with the tokenizer it owns. LLM is
 the offline API over it, AsyncLLM the server's (the loop on a background thread, fed through an inbox). It owns the tokenizer, the
 scheduler and the runner, and reaches the device only through the runner."""
-import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
+import asyncio, dataclasses, functools, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
 from tinyvllm.config import Config, log, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, RequestOutput
 from tinyvllm.tokenizer import Tokenizer, grammar_tokenizer, compile_grammar, LLMatcher
@@ -137,10 +137,11 @@ class LLM:
     prompts = [prompts] if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)) else list(prompts)
     params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
     if len(params) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-    # each request queued (all of them checked, and their grammars compiled, before any is), with an empty output per sequence that its
-    # deltas are added to
-    results = {(rid := self.engine.add_request(ids, sp, matcher=matcher)): RequestOutput(rid, ids, [CompletionOutput(0, "", [])])
-               for (ids, matcher), sp in zip([self.engine.check(prompt, sp) for prompt, sp in zip(prompts, params)], params)}
+    # all of them checked, and their grammars compiled, before any is queued; then each with an empty output per sequence that its deltas
+    # are added to
+    checked = [self.engine.check(prompt, sp) for prompt, sp in zip(prompts, params)]
+    request_ids = [self.engine.add_request(ids, sp, matcher=matcher) for (ids, matcher), sp in zip(checked, params)]
+    results = {rid: RequestOutput(rid, ids, [CompletionOutput(0, "", [])]) for rid, (ids, _) in zip(request_ids, checked)}
     bar, start, num_tokens = tinygrad.helpers.tqdm(total=len(results), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
     try:
       while self.engine.has_unfinished():
@@ -165,7 +166,7 @@ class AsyncLLM:
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
     # work: set when the engine thread has something to do; inbox: (request id, the engine's method to call for it between steps,
-    # add_request or abort, and its arguments); queues: request id -> (the event loop of its caller, the queue its outputs go to)
+    # add_request or abort, and its arguments); queues: request id -> the put of the queue its outputs go to, run on its caller's event loop
     self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped.
@@ -206,14 +207,16 @@ class AsyncLLM:
       # clear, then look again: a request that arrived meanwhile set the event after our last check
       self.work.clear()
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()
-      for request_id, out in outs: (q := self.queues.get(request_id)) and q[0].call_soon_threadsafe(q[1].put_nowait, out)
+      # a request whose caller has gone has no queue: its outputs go nowhere
+      for request_id, out in outs: self.queues.get(request_id, lambda out: None)(out)
 
   async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str, matcher:LLMatcher|None=None):
-    self.queues[request_id], finished = (asyncio.get_running_loop(), q := asyncio.Queue()), False
+    outputs, finished = asyncio.Queue(), False
+    self.queues[request_id] = functools.partial(asyncio.get_running_loop().call_soon_threadsafe, outputs.put_nowait)
     self.inbox.put((request_id, self.engine.add_request, (prompt_token_ids, params, request_id, matcher))); self.work.set()
     try:
       while not finished:
-        if isinstance(out := await q.get(), Exception): raise out
+        if isinstance(out := await outputs.get(), Exception): raise out
         finished = out.finished; yield out
     finally:
       # the consumer went away (client disconnect) before the end: the request's blocks go back now
