@@ -166,9 +166,11 @@ class Transformer:
       ends = (padded := (chosen.sum(0) + tile_rows - 1) // tile_rows * tile_rows).cumsum()
       # (N, E): the row of token n's assignment to expert e, the expert's tokens in order
       row_of = ends - padded + chosen.cumsum(0) - 1
-      # a tile's expert: how many experts' rows end by its first row; -1 past the last one (padding, which the wgmma kernel skips and
-      # tinygrad's indexing reads as expert E-1)
-      owner = (((ends <= arange(tiles).unsqueeze(1) * tile_rows).sum(1) + 1) % (E + 1) - 1).unsqueeze(1).expand(tiles, tile_rows)
+      # a tile's expert: how many experts' rows end by its first row, E for a padding tile past the last expert's rows
+      expert = (ends <= arange(tiles).unsqueeze(1) * tile_rows).sum(1)
+      # (tiles, tile_rows): E becomes -1, the others stay, as (expert + 1) % (E + 1) - 1 maps them. The wgmma kernel skips a tile of -1;
+      # tinygrad's indexing reads it as expert E-1
+      owner = ((expert + 1) % (E + 1) - 1).unsqueeze(1).expand(tiles, tile_rows)
       # each row's token: how many of its expert's tokens have rows before it (a padding row counts them all: N, which reads zeros)
       # (tiles*tile_rows, D)
       inputs = x[(row_of.T[owner.flatten()] < arange(tiles * tile_rows).unsqueeze(1)).sum(1)]
