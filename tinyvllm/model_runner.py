@@ -132,9 +132,10 @@ class ModelRunner:
     # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
     # server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers are both in, so no step
     # waits for a capture, and the token budget is the largest such bucket yet. Units are (tokens, filtered)
-    # (lazy buckets among the first: they capture nothing now)
     units, first = [(n, f) for n in buckets for f in (0, 1)], [(n, f) for n in (1, min(64, top), *lazy) for f in (0, 1)]
-    self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
+    # pending: the first units (those of 1 and 64 tokens, or of the largest bucket if smaller, and the lazy buckets, which capture nothing
+    # now), then the others in bucket order (dict.fromkeys keeps each unit once, at its first place)
+    self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], list(dict.fromkeys(first + units)))
     while self.pending and self.pending[0] in first: self.capture_next()
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.cache_key} ready", STORED_CACHES)
     self.stored = None
