@@ -7,7 +7,7 @@ import asyncio, dataclasses, functools, gc, os, queue, random, threading, time, 
 from tinyvllm.config import Config, log, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, RequestOutput
 from tinyvllm.tokenizer import Tokenizer, grammar_tokenizer, compile_grammar, LLMatcher
-from tinyvllm import block_manager, scheduler
+from tinyvllm import block_manager, model_runner, scheduler
 
 # the server captures a pending graph only after this long without work, so a client's next request, sent as its last reply ends, never
 # waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new).
@@ -27,9 +27,7 @@ class LLMEngine:
     # row), the CPU keeps start-up and each step short
     config = dataclasses.replace(config, **{name: getattr(config, name) or (gpu if self.device.split(":")[0] != "CPU" else cpu) for name, gpu, cpu in
                                             (("max_num_seqs", 256, 64), ("max_num_batched_tokens", 2048, 512))})
-    # imported after select_device, so no tensor is made on the wrong device
-    from tinyvllm.model_runner import ModelRunner
-    self.tokenizer, self.runner = Tokenizer(model_dir := model_path(config.model)), ModelRunner(config, model_dir)
+    self.tokenizer, self.runner = Tokenizer(model_dir := model_path(config.model)), model_runner.ModelRunner(config, model_dir)
     self.model_name = os.path.basename(model_dir.rstrip("/")) if config.model is None or os.path.isdir(config.model) else config.model
     # the resolved config (the context length the model and the KV pool allow) flows on; the caller's Config is left as it was
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
