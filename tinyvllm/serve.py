@@ -8,9 +8,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 # only for its compile workers at exit (main)
 import tinygrad.engine.worker
-from tinyvllm.sequence import ParamError, SamplingParams
-from tinyvllm.llm_engine import AsyncLLM, Config, EngineError, LLMatcher
-from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, OutputParser, json_size, request as chat_request
+# the engine and what it takes (Config, SamplingParams, LLMatcher), as llm_engine imports them; chat.py, and ParamError, which it raises
+from tinyvllm.llm_engine import AsyncLLM, Config, EngineError, LLMatcher, SamplingParams
+from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, OutputParser, ParamError, json_size, request as chat_request
 
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
