@@ -1,10 +1,8 @@
 """The model: a Hugging Face folder's config.json and safetensors read into one decoder (Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral),
 its matmuls through gemm.py. model_runner calls it on the step's flattened tokens with an attention function; it knows nothing of
 requests, paging or sampling."""
-import functools, json, math, os, re
+import functools, json, math, os, re, tinygrad.helpers, tinygrad.nn.state
 from tinygrad import Tensor, Device, dtypes
-from tinygrad.nn.state import safe_load
-from tinygrad.helpers import tqdm
 from tinyvllm import config, gemm
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
@@ -73,15 +71,15 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False, devices:tupl
     Device[Device.DEFAULT].synchronize()
     return t
   draw = lambda names: Tensor.uniform(sum(shapes[n][0] for n in names), *shapes[names[0]][1:], low=-0.05, high=0.05, dtype=dtype)
-  if dummy: return {k: place(k, draw(names)) for k, names in tqdm(parts.items(), desc="dummy weights")}
-  disk = {k: t for f in config.weight_files(model_dir) for k, t in safe_load(os.path.join(model_dir, f)).items()}
+  if dummy: return {k: place(k, draw(names)) for k, names in tinygrad.helpers.tqdm(parts.items(), desc="dummy weights")}
+  disk = {k: t for f in config.weight_files(model_dir) for k, t in tinygrad.nn.state.safe_load(f"{model_dir}/{f}").items()}
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
   # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
   widen = lambda t: t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32) if t.dtype == dtypes.bfloat16 else t
   piece = lambda name: widen(disk[name]).to(None).cast(dtype)
   # a lone tensor is not concatenated: a cat of one is a copy kernel of its own. Split by rows, device d's rows of every part lie together
   load = lambda names: Tensor.cat(*[piece(n).chunk(tp)[d] for d in range(tp) for n in names]) if len(names) > 1 else piece(names[0])
-  return {k: place(k, load(names)) for k, names in tqdm(parts.items(), desc="loading weights")}
+  return {k: place(k, load(names)) for k, names in tinygrad.helpers.tqdm(parts.items(), desc="loading weights")}
 
 class Transformer:
   """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm) and the mixture-of-experts Qwen3-MoE and Mixtral (sparse
