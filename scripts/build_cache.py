@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rebuild the shipped tinygrad cache (tinyvllm/tinygrad-cache-sm90.sql.xz) with only what today's code uses.
 
-The file ships in the package, and the engine applies it on its first start on an sm_90 GPU (ModelRunner.__init__): it is SQL, xz'd,
+The file ships in the package, and the engine applies it on its first start on an sm_90 GPU (ModelRunner.load): it is SQL, xz'd,
 that creates tinygrad's cache.db tables if they are missing and inserts only the rows cache.db lacks (CREATE TABLE IF NOT EXISTS,
 INSERT OR IGNORE), so nothing a user's own cache holds is ever overwritten. Until 2026-11-25 it was a gzipped cache.db in scripts/ that
 users had to unpack by hand (2.2 MB; the same rows as SQL are 0.3 MB xz'd).

@@ -23,7 +23,7 @@ for eager in ([True, False] if args.eager else [False]):
   out[f"eager={eager}"] = {"greedy_ok": ok, "mixed": [(r.outputs[0].token_ids, r.outputs[0].text, r.outputs[0].finish_reason) for r in mixed],
                            "seeded": [r.outputs[0].token_ids for r in seeded]}
   bm = llm.engine.block_manager
-  assert bm.num_free == bm.num_blocks, (bm.num_free, bm.num_blocks)
+  assert len(bm.free) == bm.num_blocks, (len(bm.free), bm.num_blocks)
   # an abort while its step is in flight, and preemption (a tiny pool), leak nothing
   eng = llm.engine
   rids = [eng.add_request(c["prompt_token_ids"], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)) for c in REF * 4]
@@ -31,6 +31,6 @@ for eager in ([True, False] if args.eager else [False]):
   for rid in rids: eng.abort(rid)
   while eng.has_unfinished(): eng.step()
   eng.step()
-  print(f"eager={eager} blocks after abort: {bm.num_free} / {bm.num_blocks} free; preemptions so far {eng.scheduler.num_preemptions}", file=sys.stderr)
-  out[f"eager={eager}"]["leak_free"] = bm.num_free == bm.num_blocks
+  print(f"eager={eager} blocks after abort: {len(bm.free)} / {bm.num_blocks} free; preemptions so far {eng.scheduler.num_preemptions}", file=sys.stderr)
+  out[f"eager={eager}"]["leak_free"] = len(bm.free) == bm.num_blocks
 print(json.dumps(out))

@@ -130,13 +130,15 @@ def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tenso
                                                                             cached_lens if dense else ctx_lens, fxn=fxn)[0]
   m, l, acc = part[..., D], part[..., D+1], part[..., :D]
   # the in-step attention's partials join as one more chunk
-  if dense:   # each device's own q, k and v heads
+  if dense:
+    # each device's own q, k and v heads
     q, k, v = qkv.reshape(N, tp, -1, D).split([H // tp, KVH // tp, KVH // tp], dim=2)
     in_step = in_step_attention(q.reshape(N, H, D), k.reshape(N, KVH, D), v.reshape(N, KVH, D), token_seq, gpu)
     m, l, acc = [t.cat(d.unsqueeze(dim), dim=dim) for t, d, dim in zip((m, l, acc), in_step, (-1, -1, 2))]
   # each partial's weight; an empty chunk (m = -inf) weighs 0
   w = (m - m.max(-1, keepdim=True)).exp()
-  acc = acc * w.unsqueeze(-1)   # (N, H, chunks, D)
+  # (N, H, chunks, D)
+  acc = acc * w.unsqueeze(-1)
   # many chunks (small batches) are summed in two rounds, 8 groups then their sums: in one, tinygrad gave the sum too few threads (8 thread
   # blocks at batch 1 with D = 128, ~20 us of a Qwen3-30B-A3B decode layer on an H100; BENCHMARKS.md)
   if acc.shape[2] % 32 == 0: acc = acc.reshape(N, H, 8, -1, D).sum(3).contiguous()

@@ -17,7 +17,8 @@ ARGUMENTS_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_se
 # that overflow them. Tools' JSON schemas need far less. The innermost values count as a level: [[0]] nests 3 deep.
 MAX_DEPTH, MAX_VALUES = 32, 1 << 16
 
-def json_size(v, depth:int=MAX_DEPTH) -> int:   # how many values a JSON value holds; nested over `depth` levels, more than any bound
+def json_size(v, depth:int=MAX_DEPTH) -> int:
+  """How many values a JSON value holds; nested over `depth` levels, more than any bound."""
   return 2**62 if depth <= 0 else 1 + sum(json_size(x, depth - 1) for x in (v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()))
 
 # deltas add up: text concatenates, tool calls append; empty values add nothing
@@ -33,8 +34,10 @@ def checked_messages(messages) -> list[dict]:
   thought = lambda m, both=("reasoning", "reasoning_content"): {k: m[n] for n in both[::-1] if m.get(n) is not None for k in both}
   # a message of the wrong shape falls through to the error, as do arguments sent as JSON text too deep for json.loads itself
   with contextlib.suppress(TypeError, KeyError, AttributeError, RecursionError):
-    if messages and all(isinstance(m["role"], str) and text(m.get("content")) for m in messages):   # contents before any copy or template
-      normalize_messages(messages := [m | thought(m) for m in copy.deepcopy(messages)])   # in place; the request stays as it came
+    # the contents are checked before any copy or template
+    if messages and all(isinstance(m["role"], str) and text(m.get("content")) for m in messages):
+      # in place; the request stays as it came
+      normalize_messages(messages := [m | thought(m) for m in copy.deepcopy(messages)])
       if all(call(c) for m in messages for c in m.get("tool_calls") or []): return [m | {"content": m.get("content") or ""} for m in messages]
   raise ParamError("messages", "must be a non-empty list of {'role': str, 'content': str or text parts (or null beside JSON tool_calls)}")
 
@@ -46,7 +49,8 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   tool_format = "hermes" if "<tool_call>" in (template := tokenizer.chat_template_text) else "json" if '"parameters"' in template else None
   tools, choice, template_kwargs = body.get("tools"), body.get("tool_choice"), body.get("chat_template_kwargs") or {}
   try: schemas = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools if t["type"] == "function"}
-  except (TypeError, KeyError, AttributeError): schemas = {}   # tools left out (None) too
+  # tools of the wrong shape, or left out (None): no schemas
+  except (TypeError, KeyError, AttributeError): schemas = {}
   # as OpenAI and vLLM: tools: [] is refused (no tools is tools left out), and tool_choice other than none needs tools; null is auto
   if tools is not None and not (0 < len(schemas) == len(tools) and all(isinstance(n, str) and isinstance(s, dict) for n, s in schemas.items())):
     raise ParamError("tools", "are 1+ {'type': 'function', 'function': {'name': str, 'parameters': schema}}, names distinct")
@@ -59,7 +63,8 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
     raise ParamError("chat_template_kwargs", f"may not set {sorted(own)}")
   messages = checked_messages(body.get("messages"))
   try: prompt = tokenizer.encode_chat(messages, **template_kwargs, **({"tools": tools} if calls else {}))
-  except Exception as e:   # the template's own words are for the client; a tokenizer's C++ text (lone surrogates, ...) is not
+  except Exception as e:
+    # the template's own words are for the client; a tokenizer's C++ text (lone surrogates, ...) is not
     raise ParamError("messages", f"were refused by the chat template: {e}" if isinstance(e, jinja2.TemplateError) else "don't tokenize") from None
   if not prompt: raise ParamError("messages", "render an empty prompt")
   # DeepSeek-R1's form: the template opens <think> in the prompt, so the output starts inside the reasoning
@@ -72,11 +77,13 @@ def request(tokenizer, grammar_tokenizer, body:dict) -> tuple[list[int], dict | 
   # a forced call is the whole reply: its grammar replaces response_format and structured_outputs, as vLLM's does; vLLM refuses these
   # structured outputs beside a named function
   if named and {"json", "regex", "choice"} & set(structured or {}): raise ParamError("structured_outputs", "cannot constrain a named tool call")
-  try:   # OpenAI's response_format as vLLM's structured outputs
+  # OpenAI's response_format as vLLM's structured outputs
+  try:
     if forced: structured = {"grammar": tool_grammar(tokenizer, tool_format, forced, thinking, parallel=parallel and not named)}
     elif kind != "text": structured = {"json_object": True} if kind == "json_object" else {"json": fmt["json_schema"]["schema"]}
     matcher = structured and compile_grammar(structured, grammar_tokenizer)
-  except (ParamError, KeyError, TypeError) as e:   # named after the field it came from
+  except (ParamError, KeyError, TypeError) as e:
+    # named after the field it came from
     raise ParamError("tools" if forced else "structured_outputs" if kind == "text" else "response_format", f"is not valid ({e})") from None
   return prompt, structured, OutputParser(calls and tool_format, "<think>" in template, thinking, parallel), matcher
 
@@ -89,8 +96,10 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
   schemas = {name: {"additionalProperties": False} | schema for name, schema in schemas.items()}
   call = " | ".join(json.dumps(f'{{"name": {json.dumps(name)}, "{key}": ') + f" %json {json.dumps(schema | {'x-guidance': ARGUMENTS_STYLE})} " + '"}"'
                     for name, schema in schemas.items())
-  start = f'start: {tag("</think>")} "\\n\\n" ' if thinking else "start: "   # a reasoning turn the prompt opened ends at once
-  if tool_format == "json": return f"{start}({call})"   # Llama 3 templates take one call per turn
+  # a reasoning turn the prompt opened ends at once
+  start = f'start: {tag("</think>")} "\\n\\n" ' if thinking else "start: "
+  # Llama 3 templates take one call per turn
+  if tool_format == "json": return f"{start}({call})"
   # one call, or several; each may end its line: the turn may end after that newline too, not only right after </tool_call>, so a model
   # that writes a newline before it ends is not made to call again
   return start + 'tool_call' + '+' * parallel + f'\ntool_call: {tag("<tool_call>")} "\\n" ({call}) "\\n" {tag("</tool_call>")} "\\n"?'
@@ -103,7 +112,8 @@ class OutputParser:
   def __init__(self, tool_format:str | None, reasoning:bool, thinking:bool, parallel:bool=True):
     # parallel false: the text before the first call and that call, no more (vLLM drops the later calls)
     self.router, self.tool_format, self.json, self.parallel = StreamRouter(thinking), tool_format, "" if tool_format == "json" else None, parallel
-    if not reasoning: self.router.mode = "content"   # a template that knows no <think> leaves it to the content
+    # a template that knows no <think> leaves it to the content
+    if not reasoning: self.router.mode = "content"
     self.calls, self.finish_reason, self.stop_reason, self.message = 0, None, None, {"role": "assistant", "content": ""}
 
   def feed(self, out) -> dict | None:
@@ -113,7 +123,8 @@ class OutputParser:
     # a Hermes call that max_tokens cut off is dropped, never content, as vLLM does: from its <tool_call> (no end tag), or from the start
     # of that tag, "<", "<tool", ... (issue #61). Until the output is final the router holds back what may begin a tag; cut, it never is
     cut = out.finish_reason == "length" and self.tool_format == "hermes"
-    if self.json is not None:   # Llama 3: an output that starts with "{" is a call, known only at its end
+    # Llama 3: an output that starts with "{" is a call, known only at its end
+    if self.json is not None:
       self.json, text = self.json + text, ""
       if final or self.json.strip() and not self.json.lstrip().startswith("{"):
         if call := final and self.call(self.json): merge(delta, {"tool_calls": [call]})
@@ -134,13 +145,16 @@ class OutputParser:
     self.finish_reason, self.stop_reason = "tool_calls" if self.calls and out.finish_reason == "stop" else out.finish_reason, out.stop_reason
     return self.choice(delta=delta) if delta or final else None
 
-  def choice(self, **content) -> dict:   # vLLM adds stop_reason: the stop string that ended it
+  def choice(self, **content) -> dict:
+    """The choice as OpenAI's, with vLLM's stop_reason: the stop string that ended it."""
     return {"index": 0, **content, "logprobs": None, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
 
-  def reply(self) -> dict:   # the whole choice, as a non-streaming response carries it: content is null beside tool calls alone
+  def reply(self) -> dict:
+    """The whole choice, as a non-streaming response carries it: content is null beside tool calls alone."""
     return self.choice(message=self.message | ({"content": None} if self.calls and not self.message["content"].strip() else {}))
 
-  def call(self, text:str) -> dict | None:   # a tool call as OpenAI's delta, or None if the text is not one
+  def call(self, text:str) -> dict | None:
+    """A tool call as OpenAI's delta, or None if the text is not one."""
     if not (self.tool_format and (parsed := parse_tool_call(text)) and isinstance(parsed[0], str) and isinstance(parsed[1], dict)): return None
     self.calls += 1; return {"index": self.calls - 1, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                              "function": {"name": parsed[0], "arguments": json.dumps(parsed[1], ensure_ascii=False)}}

@@ -1,10 +1,12 @@
 """The settings: one Config that flows from the CLI or LLM() into every part of the engine (its field comments are serve.py's --help),
 the engine's log, and where the model and the device come from (model_path, select_device, before any tensor exists). Read by every
 layer; it imports nothing of the engine."""
-import dataclasses, json, logging, os, huggingface_hub   # huggingface_hub loads its hub client only when called
+# huggingface_hub loads its hub client only when called
+import dataclasses, json, logging, os, huggingface_hub
 
 BUNDLED_MODEL = os.path.join(os.path.dirname(__file__), "stories260K")
-log = logging.getLogger("tinyvllm")   # the engine's log (serve.py has its own)
+# the engine's log (serve.py has its own)
+log = logging.getLogger("tinyvllm")
 
 @dataclasses.dataclass
 class Config:

@@ -3,12 +3,11 @@ checks a prompt, makes it a Sequence and runs the step loop (schedule, launch, r
 processor too: a sampled token back to text, stop checks and the request's output (process_output), with the tokenizer it owns. LLM is
 the offline API over it, AsyncLLM the server's (the loop on a background thread, fed through an inbox). It owns the tokenizer, the
 scheduler and the runner, and reaches the device only through the runner."""
-import asyncio, dataclasses, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
+import asyncio, dataclasses, functools, gc, os, queue, random, threading, time, uuid, tinygrad.helpers
 from tinyvllm.config import Config, log, model_path, select_device
 from tinyvllm.sequence import SamplingParams, Sequence, CompletionOutput, RequestOutput
 from tinyvllm.tokenizer import Tokenizer, grammar_tokenizer, compile_grammar, LLMatcher
-from tinyvllm.block_manager import BlockManager
-from tinyvllm.scheduler import Scheduler
+from tinyvllm import block_manager, model_runner, scheduler
 
 # the server captures a pending graph only after this long without work, so a client's next request, sent as its last reply ends, never
 # waits for a capture (a capture is a unit of up to seconds: a bucket's model graph or a sampler variant, its kernels compiled if new).
@@ -28,18 +27,17 @@ class LLMEngine:
     # row), the CPU keeps start-up and each step short
     config = dataclasses.replace(config, **{name: getattr(config, name) or (gpu if self.device.split(":")[0] != "CPU" else cpu) for name, gpu, cpu in
                                             (("max_num_seqs", 256, 64), ("max_num_batched_tokens", 2048, 512))})
-    # imported after select_device, so no tensor is made on the wrong device
-    from tinyvllm.model_runner import ModelRunner
-    self.tokenizer, self.runner = Tokenizer(model_dir := model_path(config.model)), ModelRunner(config, model_dir)
+    self.tokenizer, self.runner = Tokenizer(model_dir := model_path(config.model)), model_runner.ModelRunner(config, model_dir)
     self.model_name = os.path.basename(model_dir.rstrip("/")) if config.model is None or os.path.isdir(config.model) else config.model
     # the resolved config (the context length the model and the KV pool allow) flows on; the caller's Config is left as it was
     self.config = config = dataclasses.replace(config, max_model_len=self.runner.max_model_len)
-    self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-    self.scheduler = Scheduler(config, self.block_manager)
+    self.block_manager = block_manager.BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+    self.scheduler = scheduler.Scheduler(config, self.block_manager)
     # requests: request id -> its sequence; in_flight: the sequences that sample in the step launched last, whose tokens the host has
     # not read yet
     self.requests, self.in_flight, self.grammar_tokenizer = {}, [], grammar_tokenizer(self.tokenizer, self.runner.hf_config["vocab_size"])
-    self.num_prompt_tokens = self.num_generation_tokens = 0   # counters
+    # counters, for serve.py's metrics
+    self.num_prompt_tokens = self.num_generation_tokens = 0
 
   def check(self, prompt:str|list[int]|dict, params:SamplingParams, matcher=None) -> tuple[list[int], LLMatcher | None]:
     """A request's prompt, in any of vLLM's forms (text, token ids, {"prompt": text} or {"prompt_token_ids": ids}), as checked token ids,
@@ -62,8 +60,7 @@ class LLMEngine:
     self.requests[request_id] = seq; self.scheduler.waiting.append(seq); return request_id
 
   def abort(self, request_id:str):
-    seq = self.requests.pop(request_id, None)
-    if seq is not None: self.scheduler.finish(seq)
+    if request_id in self.requests: self.scheduler.finish(self.requests.pop(request_id))
 
   def has_unfinished(self) -> bool: return bool(self.requests)
 
@@ -138,10 +135,11 @@ class LLM:
     prompts = [prompts] if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)) else list(prompts)
     params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
     if len(params) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-    # each request queued (all of them checked, and their grammars compiled, before any is), with an empty output per sequence that its
-    # deltas are added to
-    results = {(rid := self.engine.add_request(ids, sp, matcher=matcher)): RequestOutput(rid, ids, [CompletionOutput(0, "", [])])
-               for (ids, matcher), sp in zip([self.engine.check(prompt, sp) for prompt, sp in zip(prompts, params)], params)}
+    # all of them checked, and their grammars compiled, before any is queued; then each with an empty output per sequence that its deltas
+    # are added to
+    checked = [self.engine.check(prompt, sp) for prompt, sp in zip(prompts, params)]
+    request_ids = [self.engine.add_request(ids, sp, matcher=matcher) for (ids, matcher), sp in zip(checked, params)]
+    results = {rid: RequestOutput(rid, ids, [CompletionOutput(0, "", [])]) for rid, (ids, _) in zip(request_ids, checked)}
     bar, start, num_tokens = tinygrad.helpers.tqdm(total=len(results), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
     try:
       while self.engine.has_unfinished():
@@ -166,7 +164,7 @@ class AsyncLLM:
   New requests and aborts go through an inbox that the engine thread applies between steps, so the event loop never waits for a step."""
   def __init__(self, config:Config):
     # work: set when the engine thread has something to do; inbox: (request id, the engine's method to call for it between steps,
-    # add_request or abort, and its arguments); queues: request id -> (the event loop of its caller, the queue its outputs go to)
+    # add_request or abort, and its arguments); queues: request id -> the put of the queue its outputs go to, run on its caller's event loop
     self.engine, self.work, self.inbox, self.healthy, self.queues = LLMEngine(config), threading.Event(), queue.SimpleQueue(), True, {}
     # the 0.9-1.4M objects of the model, its graphs and tinygrad's caches live as long as the server: frozen, no later full collection
     # walks them (each was a 0.1-0.4 s stall of the engine loop). Not for offline LLMs, whose engines must stay collectable once dropped.
@@ -207,14 +205,16 @@ class AsyncLLM:
       # clear, then look again: a request that arrived meanwhile set the event after our last check
       self.work.clear()
       if self.engine.has_unfinished() or not self.inbox.empty(): self.work.set()
-      for request_id, out in outs: (q := self.queues.get(request_id)) and q[0].call_soon_threadsafe(q[1].put_nowait, out)
+      # a request whose caller has gone has no queue: its outputs go nowhere
+      for request_id, out in outs: self.queues.get(request_id, lambda out: None)(out)
 
   async def generate(self, prompt_token_ids:list[int], params:SamplingParams, request_id:str, matcher:LLMatcher|None=None):
-    self.queues[request_id], finished = (asyncio.get_running_loop(), q := asyncio.Queue()), False
+    outputs, finished = asyncio.Queue(), False
+    self.queues[request_id] = functools.partial(asyncio.get_running_loop().call_soon_threadsafe, outputs.put_nowait)
     self.inbox.put((request_id, self.engine.add_request, (prompt_token_ids, params, request_id, matcher))); self.work.set()
     try:
       while not finished:
-        if isinstance(out := await q.get(), Exception): raise out
+        if isinstance(out := await outputs.get(), Exception): raise out
         finished = out.finished; yield out
     finally:
       # the consumer went away (client disconnect) before the end: the request's blocks go back now

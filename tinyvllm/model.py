@@ -1,10 +1,8 @@
 """The model: a Hugging Face folder's config.json and safetensors read into one decoder (Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral),
 its matmuls through gemm.py. model_runner calls it on the step's flattened tokens with an attention function; it knows nothing of
 requests, paging or sampling."""
-import functools, json, math, os, re
+import functools, json, math, os, re, tinygrad.helpers, tinygrad.nn.state
 from tinygrad import Tensor, Device, dtypes
-from tinygrad.nn.state import safe_load
-from tinygrad.helpers import tqdm
 from tinyvllm import config, gemm
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM")
@@ -73,15 +71,15 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False, devices:tupl
     Device[Device.DEFAULT].synchronize()
     return t
   draw = lambda names: Tensor.uniform(sum(shapes[n][0] for n in names), *shapes[names[0]][1:], low=-0.05, high=0.05, dtype=dtype)
-  if dummy: return {k: place(k, draw(names)) for k, names in tqdm(parts.items(), desc="dummy weights")}
-  disk = {k: t for f in config.weight_files(model_dir) for k, t in safe_load(os.path.join(model_dir, f)).items()}
+  if dummy: return {k: place(k, draw(names)) for k, names in tinygrad.helpers.tqdm(parts.items(), desc="dummy weights")}
+  disk = {k: t for f in config.weight_files(model_dir) for k, t in tinygrad.nn.state.safe_load(f"{model_dir}/{f}").items()}
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
   # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
   widen = lambda t: t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32) if t.dtype == dtypes.bfloat16 else t
   piece = lambda name: widen(disk[name]).to(None).cast(dtype)
   # a lone tensor is not concatenated: a cat of one is a copy kernel of its own. Split by rows, device d's rows of every part lie together
   load = lambda names: Tensor.cat(*[piece(n).chunk(tp)[d] for d in range(tp) for n in names]) if len(names) > 1 else piece(names[0])
-  return {k: place(k, load(names)) for k, names in tqdm(parts.items(), desc="loading weights")}
+  return {k: place(k, load(names)) for k, names in tinygrad.helpers.tqdm(parts.items(), desc="loading weights")}
 
 class Transformer:
   """One decoder for Llama 2/3, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm) and the mixture-of-experts Qwen3-MoE and Mixtral (sparse
@@ -153,7 +151,8 @@ class Transformer:
     # (N, k): the router weights of each token's k experts (sel: their ids)
     weights = probs.gather(-1, sel := (rank.unsqueeze(1) == arange(k).unsqueeze(-1)).where(i, 0).sum(-1))
     if c["norm_topk_prob"]: weights = weights / weights.sum(-1, keepdim=True)
-    stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)   # (E, rows, cols)
+    # (E, rows, cols)
+    stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)
     # inputs: x's row of each output row; owner: the expert of each row (decode), or of each tile's rows; row_of: tiles only, below
     # the tiles pay from ~4 rows per expert on average on wgmma (Hopper, bf16), from ~32 on tinygrad's matmul (BENCHMARKS.md)
     if A < (4 if gemm.hopper(x.device) and x.dtype == dtypes.bfloat16 else 32) * E: inputs, owner, row_of = x, sel.flatten(), None
@@ -165,9 +164,11 @@ class Transformer:
       ends = (padded := (chosen.sum(0) + tile_rows - 1) // tile_rows * tile_rows).cumsum()
       # (N, E): the row of token n's assignment to expert e, the expert's tokens in order
       row_of = ends - padded + chosen.cumsum(0) - 1
-      # a tile's expert: how many experts' rows end by its first row; -1 past the last one (padding, which the wgmma kernel skips and
-      # tinygrad's indexing reads as expert E-1)
-      owner = (((ends <= arange(tiles).unsqueeze(1) * tile_rows).sum(1) + 1) % (E + 1) - 1).unsqueeze(1).expand(tiles, tile_rows)
+      # a tile's expert: how many experts' rows end by its first row, E for a padding tile past the last expert's rows
+      expert = (ends <= arange(tiles).unsqueeze(1) * tile_rows).sum(1)
+      # (tiles, tile_rows): E becomes -1, the others stay, as (expert + 1) % (E + 1) - 1 maps them. The wgmma kernel skips a tile of -1;
+      # tinygrad's indexing reads it as expert E-1
+      owner = ((expert + 1) % (E + 1) - 1).unsqueeze(1).expand(tiles, tile_rows)
       # each row's token: how many of its expert's tokens have rows before it (a padding row counts them all: N, which reads zeros)
       # (tiles*tile_rows, D)
       inputs = x[(row_of.T[owner.flatten()] < arange(tiles * tile_rows).unsqueeze(1)).sum(1)]

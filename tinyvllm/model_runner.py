@@ -5,11 +5,10 @@ across start-ups and decides when each graph is captured (capture_next). llm_eng
 import ctypes, functools, itertools, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
 from tinygrad import Tensor, TinyJit, Device, Context, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
-import tinygrad.runtime.autogen.cuda as cuda   # tinygrad internals: its CUDA bindings
+# tinygrad internals: its CUDA bindings
+import tinygrad.runtime.autogen.cuda as cuda
 from tinyvllm.config import Config, log
-from tinyvllm.model import read_config, load_weights, Transformer
-from tinyvllm.gemm import empty
-from tinyvllm import attention, sampler, sequence
+from tinyvllm import attention, gemm, model, sampler, sequence
 
 # A step's inputs travel to the device as one int32 buffer (one copy per step): the block-table rows of the step's R sampled rows, rows of
 # R per-sample values (temperatures, top_p and min_p as float32 bits), then rows of N per-token values. A sequence samples one row:
@@ -34,19 +33,31 @@ SHIPPED_CACHE = os.path.join(os.path.dirname(__file__), "tinygrad-cache-sm90.sql
 class ModelRunner:
   """Turns a scheduled batch into one forward pass over the flattened tokens of all its sequences (prefill chunks and decodes alike),
   writes their K/V into the paged pool, and samples on device. Each padded token-count bucket is a TinyJit graph (vLLM's CUDA graphs).
-  Its jobs, and where each is done (__init__'s `# --` sections, in order, then the methods):
-    compile caches    tinygrad's, across start-ups: __init__ (read the first part), the end of __init__ and capture_next (store them)
-    devices, weights  the tensor-parallel devices, the compute dtype, model.py's weights and decoder: __init__
-    KV pool           sized by the device's memory, cut max_model_len to it: __init__
-    step buffer       the buckets and the one input buffer (step_layout): __init__; packed and launched by prepare (forward, sample),
-                      its tokens read back by read and download, grammar masks by grammar_masks
-    capture plan      the first units in __init__, the rest by capture_next, which holds the policy (AsyncLLM and LLM only call it)
+  Its jobs, and where each is done (__init__ runs the start-up's phases in order, load to capture_first_graphs; then the methods):
+    compile caches    tinygrad's, across start-ups: load (read the first part), capture_first_graphs and capture_next (store them)
+    devices, weights  the tensor-parallel devices, the compute dtype, model.py's weights and decoder: load
+    KV pool           sized by the device's memory, cut max_model_len to it: allocate_buffers
+    step buffer       the buckets and the one input buffer (step_layout): allocate_buffers; packed and launched by prepare (forward,
+                      sample), its tokens read back by read and download, grammar masks by grammar_masks
+    capture plan      the first units in capture_first_graphs, the rest by capture_next, which holds the policy (AsyncLLM and LLM only
+                      call it)
   Every use of tinygrad internals (beyond its public Tensor, TinyJit, Device and Context) is marked "tinygrad internals" where it is:
-  the stored caches (STORED_CACHES) and its cache.db connection (__init__), its CUDA bindings (cuda: KV sizing, download, read), the
+  the stored caches (STORED_CACHES) and its cache.db connection (load), its CUDA bindings (cuda: KV sizing, download, read), the
   step buffer's device buffers (launch), TinyJit's counter (call), and its pending host copies (download)."""
   def __init__(self, config:Config, model_dir:str):
-    start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := read_config(model_dir))
-    # -- compile caches: tinygrad's, kept in its cache.db across start-ups (see STORED_CACHES, SHIPPED_CACHE)
+    start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := model.read_config(model_dir))
+    # its phases, in the order they run (as nano-vllm's load_model, allocate_kv_cache and capture_cudagraph)
+    self.load(config, hf_config, model_dir)
+    log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, time.perf_counter() - start)
+    self.allocate_buffers(config, hf_config)
+    self.capture_first_graphs(config)
+    # counted in units (a token bucket with one sampler variant), as pending is, not in graphs: units share sampler graphs, so the two
+    # counts did not add up. A bucket is in once both its units are; eager runs have every bucket in and none to capture
+    log.info("ready after %.1f s: %d step graph units in, %d more to capture", time.perf_counter() - start, 2 * len(self.buckets), len(self.pending))
+
+  def load(self, config:Config, hf_config:dict, model_dir:str):
+    """The start-up's first phase: tinygrad's compile caches, kept in its cache.db across start-ups (see STORED_CACHES, SHIPPED_CACHE),
+    then the tensor-parallel devices, the compute dtype, model.py's weights and its decoder."""
     # the shipped cache on the arch it was built for (H200s are sm_90 too), as one transaction: 0.2 s
     if CACHELEVEL >= 1 and Device[self.device].renderer.target.arch == "sm_90": db_connection().executescript(lzma.open(SHIPPED_CACHE, "rt").read())
     # emptied first: what another engine of this process (a test suite, a notebook's second LLM) left in them would be stored under our
@@ -56,22 +67,22 @@ class ModelRunner:
     # other configuration's entries too (the bundled model's first-graphs entry: 4.6 MB, 1.3 s of a 4.2 s CPU start; BENCHMARKS.md). Not by
     # folder: the same config.json elsewhere (a copy, bench.py's temporary folders) schedules the same kernels
     self.cache_key = f"{self.device} {hf_config} {vars(config) | {'model': None}}"
-    # before the weights (the kernels that load them are in them too), and only the part the first graphs use (see below): all of them
-    # took 0.3-0.5 s to read here (CPU, bundled model), that part 0.02 s. The rest is read once the engine serves (capture_next)
+    # before the weights (the kernels that load them are in them too), and only the part the first graphs use (see capture_first_graphs):
+    # all of them took 0.3-0.5 s to read here (CPU, bundled model), that part 0.02 s. The rest is read once the engine serves (capture_next)
     for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", f"{self.cache_key} ready") or ()): cache.update(stored)
     # the server's engine thread captures graphs too, so tinygrad's one cache.db connection (made above) is remade for any thread's use
     # (tinygrad internals: its module-level connection)
     if CACHELEVEL >= 1: tinygrad.helpers._db_connection = sqlite3.connect(CACHEDB, timeout=60, isolation_level="IMMEDIATE", check_same_thread=False)
-    # -- devices and weights
     # tensor parallel: DEVICE:0..N-1 (virtual devices on the CPU), each holding its share of every layer's heads and of the KV pool
     # the sizes they divide: attention heads, KV heads (with them the KV pool) and the MLP's width
     tp, sizes = config.tensor_parallel_size, {k: hf_config[k] for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size")}
     if any(size % tp for size in sizes.values()): raise ValueError(f"tensor_parallel_size {tp} must divide the model's {sizes}")
     if tp > 1 and hf_config["moe_layers"]: raise ValueError("mixture-of-experts models run with tensor_parallel_size 1 (for now)")
     self.devices = tuple(f"{self.device}:{i}" for i in range(tp))
-    try: Device[self.devices[-1]]   # the last one opens only if all before it exist
+    # the last one opens only if all before it exist
+    try: Device[self.devices[-1]]
     except Exception as e: raise ValueError(f"tensor_parallel_size {tp}: tinygrad cannot open {self.devices[-1]} ({e})") from None
-    # what the model is built at: its compute dtype and context length (cut to the KV pool below). GPUs compute in the checkpoint's 16-bit
+    # what the model is built at: its compute dtype and context length (cut to the KV pool next). GPUs compute in the checkpoint's 16-bit
     # type (fp16 for fp32 checkpoints), the CPU in float32; a dtype the device's compiler can't build is refused here, in one sentence, not
     # deep inside the first kernel
     name = "float32" if self.device == "CPU" else "bfloat16" if (hf_config.get("torch_dtype") or hf_config.get("dtype")) == "bfloat16" else "float16"
@@ -80,28 +91,33 @@ class ModelRunner:
     except Exception as e:
       raise ValueError(f"dtype {name} fails on {self.device} ({type(e).__name__}: {str(e)[:200]}); try dtype='float32' or 'float16'") from None
     self.max_model_len = min(config.max_model_len or 4096, hf_config.get("max_position_embeddings", 4096))
-    weights = load_weights(model_dir, hf_config, self.dtype, config.load_format == "dummy", self.devices)
-    self.model = Transformer(hf_config, weights, self.max_model_len, self.devices)
-    log.info("loaded %s on %s in %s: %.1f s", model_dir, self.device, self.dtype, (loaded := time.perf_counter()) - start)
-    # -- KV pool: per layer a K and a V pool of (num_blocks * block_size slots, KV heads, head_dim); max_model_len cut to what it holds
-    num_layers, block_size = hf_config["num_hidden_layers"], config.block_size
+    weights = model.load_weights(model_dir, hf_config, self.dtype, config.load_format == "dummy", self.devices)
+    self.model = model.Transformer(hf_config, weights, self.max_model_len, self.devices)
+
+  def allocate_buffers(self, config:Config, hf_config:dict):
+    """The device's buffers: first the KV pool, per layer a K and a V pool of (num_blocks * block_size slots, KV heads, head_dim), sized
+    by the device's memory, max_model_len cut to what it holds; then the step's: the one input buffer every graph reads (step_layout),
+    sized for the largest of the token buckets (powers of two up to the largest step: all of them here, those captured once
+    capture_first_graphs has run), the tokens the last step sampled, and the grammar masks of rows without a grammar."""
+    num_layers, block_size, tp, start = hf_config["num_hidden_layers"], config.block_size, len(self.devices), time.perf_counter()
     bytes_per_block = 2 * num_layers * block_size * hf_config["num_key_value_heads"] * hf_config["head_dim"] * self.dtype.itemsize
     # by default enough for max_num_seqs sequences of max_model_len tokens, at most 4 GB; on CUDA, the one device where tinygrad tells free
-    # memory, 80% of it (the rest for graphs)
+    # memory, 80% of it (the rest for graphs), on each of the tensor-parallel devices
     kv_gb = config.kv_cache_memory or min(config.max_num_seqs * self.max_model_len // block_size * bytes_per_block / 1e9, 4.0)
-    if config.kv_cache_memory is None and self.device == "CUDA":   # free and total bytes
+    if config.kv_cache_memory is None and self.device == "CUDA":
+      # free and total bytes
       cuda.cuMemGetInfo_v2(ctypes.byref(free := ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())); kv_gb = 0.8 * free.value / 1e9 * tp
     # one sequence must always fit the pool, or preemption can't help
     self.num_blocks = max(int(kv_gb * 1e9 // bytes_per_block), 1); self.max_model_len = min(self.max_model_len, self.num_blocks * block_size)
-    pool_shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
+    shape = (self.num_blocks * block_size, hf_config["num_key_value_heads"], hf_config["head_dim"])
     # not zeroed: attention reads only slots its tokens wrote, and zeroing a large pool takes seconds on a CPU (BENCHMARKS.md, issue #40).
     # Tensor parallel: split by KV head
-    self.kv = [[attention.words(empty(pool_shape, self.dtype, self.devices, 1)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
-    log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - loaded)
-    # -- step buffer: the token buckets (powers of two up to the largest step) and the one input buffer they all read
-    top = max(config.max_num_batched_tokens, config.max_num_seqs); buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
-    # a row samples per sequence; a block-table row is as long as the longest sequence
-    self.max_rows, self.max_blocks = min(top, config.max_num_seqs), -(-self.max_model_len // block_size)
+    self.kv = [[attention.words(gemm.empty(shape, self.dtype, self.devices, 1)).contiguous().realize() for _ in "kv"] for _ in range(num_layers)]
+    log.info("KV cache: %d tokens in %d blocks, %.2f GB: %.1f s", self.num_blocks * block_size, self.num_blocks, kv_gb, time.perf_counter() - start)
+    # the step's buffers: the token buckets (powers of two up to the largest step) and the one input buffer they all read
+    top = max(config.max_num_batched_tokens, config.max_num_seqs); self.buckets = sorted({min(2**i, top) for i in range(top.bit_length() + 1)})
+    # a row samples per sequence (the largest step is never smaller); a block-table row is as long as the longest sequence
+    self.max_rows, self.max_blocks = config.max_num_seqs, -(-self.max_model_len // block_size)
     # the step's inputs on the device, one buffer that every graph reads, sized for the largest bucket: each launch overwrites the part
     # its bucket uses (see prepare)
     size = top * len(TOKEN_ROWS) + self.max_rows * (self.max_blocks + len(SAMPLE_ROWS))
@@ -120,26 +136,25 @@ class ModelRunner:
     # all-ones mask per row count, uploaded once instead of every step
     ones = lambda num_rows: Tensor(llguidance.numpy.allocate_token_bitmask(num_rows, hf_config["vocab_size"])).to(self.devices).realize()
     self.no_grammar, self.grammar_pool = functools.cache(ones), llguidance.LLExecutor()
-    # -- capture plan
+
+  def capture_first_graphs(self, config:Config):
+    """The capture plan: vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler
+    variant for its rows) is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the
+    rest later (capture_next: the server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers
+    are both in, so no step waits for a capture, and the token budget is the largest such bucket yet. Units are (tokens, filtered)."""
     # TinyJit graphs (the model's by token bucket, the sampler's by row count), and the sizes of the stored caches as read (written back
     # only if capturing adds to them). On the CPU a prompt-sized step's graph is captured when a step first needs it, not before the engine
     # is ready: capturing one ran its step, seconds of compute there, at every start (#72). Such a TinyJit runs its first call eagerly (on
     # the CPU 1.5x a replay: tinygrad lowers every kernel again) and captures at its second
-    lazy = [n for n in buckets if n > self.max_rows and not Device[self.device].renderer.has_local]
+    lazy = [n for n in self.buckets if n > self.max_rows and not Device[self.device].renderer.has_local]
     self.graphs, self.stored = {("model", n): TinyJit(self.forward) for n in lazy}, list(map(len, STORED_CACHES))
-    # vLLM captures all its CUDA graphs before it serves. Here a unit (a token bucket's model graph and a sampler variant for its rows)
-    # is captured at a time: those of a decode and of a small prefill chunk now, so the engine serves at once, the rest later (the
-    # server's idle time). A step runs in the smallest bucket that holds it whose plain and filtered samplers are both in, so no step
-    # waits for a capture, and the token budget is the largest such bucket yet. Units are (tokens, filtered)
-    # (lazy buckets among the first: they capture nothing now)
-    units, first = [(n, f) for n in buckets for f in (0, 1)], [(n, f) for n in (1, min(64, top), *lazy) for f in (0, 1)]
-    self.buckets, self.pending = (buckets, []) if config.enforce_eager else ([], sorted(units, key=lambda u: (first + [u]).index(u)))
+    units, first = itertools.product(self.buckets, (0, 1)), list(itertools.product((1, min(64, self.buckets[-1]), *lazy), (0, 1)))
+    # pending: the first units (those of 1 and 64 tokens, or of the largest bucket if smaller, and the lazy buckets, which capture nothing
+    # now), then the others, every bucket with each sampler variant in bucket order (dict.fromkeys keeps each unit once, at its first place)
+    self.buckets, self.pending = (self.buckets, []) if config.enforce_eager else ([], list(dict.fromkeys([*first, *units])))
     while self.pending and self.pending[0] in first: self.capture_next()
     if list(map(len, STORED_CACHES)) != self.stored: diskcache_put("tinyvllm_caches", f"{self.cache_key} ready", STORED_CACHES)
     self.stored = None
-    # counted in units (a token bucket with one sampler variant), as pending is, not in graphs: units share sampler graphs, so the two
-    # counts did not add up. A bucket is in once both its units are; eager runs have every bucket in and none to capture
-    log.info("ready after %.1f s: %d step graph units in, %d more to capture", time.perf_counter() - start, 2 * len(self.buckets), len(self.pending))
 
   def forward(self, num_tokens:int, num_rows:int) -> Tensor:
     """The decoder over the step's tokens; returns the logits of the rows that sample."""
@@ -168,8 +183,8 @@ class ModelRunner:
   def prepare(self, batch:list[tuple[sequence.Sequence, int]], num_tokens:int|None=None, filtered=False) -> tuple:
     """Packs the step that computes num_new tokens of each (seq, num_new). Returns its launch, which queues it on the device (and gives
     `sampled`, which it writes); the sequences that sample a token in it (those whose last token it computes), in batch order; and
-    whether it may launch before the host has read the step before (async scheduling): with overlap (see __init__), unless grammar masks
-    need that step's tokens."""
+    whether it may launch before the host has read the step before (async scheduling): with overlap (see allocate_buffers), unless grammar
+    masks need that step's tokens."""
     block_size, vocab_size = self.config.block_size, self.hf_config["vocab_size"]
     # -- per sequence: one Python pass gathers each sequence's scalars, then all per-token and per-block work is numpy: a loop of numpy
     # calls per sequence cost ~8 ms of host time a step at batch 256, which the GPU would spend idle
@@ -251,16 +266,16 @@ class ModelRunner:
     llguidance.numpy.fill_next_token_bitmask_par(self.grammar_pool, matchers, bitmask); return Tensor(bitmask).to(self.devices)
 
   def capture_next(self, num_seqs:int|None=None) -> tuple | None:
-    """The capture policy, after the first units (__init__'s): capture the first pending unit, and return it (it stays pending until it
-    is in); after the last, store the caches they filled. Busy (num_seqs: the sequences running and waiting), a capture is a pause between
-    steps, taken only for a bucket that holds them while the bucket they run in is twice as wide or more, or none holds them (else None),
-    the smallest first: two captures buy a bucket, its plain sampler, then its filtered one. So a server busy from its first request gets
-    the buckets its load runs in within seconds, not once it idles. Idle (AsyncLLM's) or offline (LLM's), the units go in order. BEAM,
-    when asked for, tunes only the decode-sized graphs."""
+    """The capture policy, after the first units (capture_first_graphs'): capture the first pending unit, and return it (it stays pending
+    until it is in); after the last, store the caches they filled. Busy (num_seqs: the sequences running and waiting), a capture is a pause
+    between steps, taken only for a bucket that holds them while the bucket they run in is twice as wide or more, or none holds them (else
+    None), the smallest first: two captures buy a bucket, its plain sampler, then its filtered one. So a server busy from its first
+    request gets the buckets its load runs in within seconds, not once it idles. Idle (AsyncLLM's) or offline (LLM's), the units go in
+    order. BEAM, when asked for, tunes only the decode-sized graphs."""
     wanted = lambda size: num_seqs is None or num_seqs <= size and not any(num_seqs <= b < 2 * size for b in self.buckets)
     self.pending.sort(key=lambda unit: not wanted(unit[0]))
     if not (self.pending and wanted(self.pending[0][0])): return None
-    # the first unit after the engine's first graphs: the rest of the stored caches (see __init__)
+    # the first unit after the engine's first graphs: the rest of the stored caches (see load)
     if self.stored is None:
       for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
       self.stored = list(map(len, STORED_CACHES))

@@ -9,7 +9,8 @@ def threshold(probs:Tensor, enough, ways:int=16, rounds:int=6) -> Tensor:
   kernels in tinygrad). Each round tests `ways` thresholds in one pass over the row, so 6 rounds of 16 reach 2^-24 of the row's max."""
   lo, hi = probs.max(-1, keepdim=True).zeros_like(), probs.max(-1, keepdim=True)
   for _ in range(rounds):
-    candidates = lo + (hi - lo) * Tensor.arange(1, ways + 1).div(ways + 1)   # (R, ways), ascending
+    # (R, ways), ascending
+    candidates = lo + (hi - lo) * Tensor.arange(1, ways + 1).div(ways + 1)
     # enough() falls as t rises: a prefix passes
     passed = enough(probs.unsqueeze(1) >= candidates.unsqueeze(2))[..., 0].sum(-1, keepdim=True)
     lo = (passed > 0).where(candidates.gather(-1, (passed - 1).maximum(0)), lo)
@@ -45,5 +46,6 @@ def sample(logits:Tensor, temperatures:Tensor, seeds:Tensor, positions:Tensor, t
   # the argmax (the first of equal maxima) in two passes: the row's chunks of 128 tokens, each reduced by its own thread group, then the
   # chunk holding the max. tinygrad's own argmax of a vocabulary-long row ran on 128 threads, each ~1,200 tokens in turn. (R, chunks, 128)
   x = x.pad((None, (0, -x.shape[1] % 128)), value=-math.inf).reshape(x.shape[0], -1, 128)
-  best = x.max(-1).argmax(-1)   # (R,) the first chunk holding the max
+  # (R,) the first chunk holding the max
+  best = x.max(-1).argmax(-1)
   return (best * 128 + x[Tensor.arange(x.shape[0]), best].argmax(-1)).cast(dtypes.int32)

@@ -1,7 +1,7 @@
 """The scheduler, called by llm_engine each step: which sequences run and how many new tokens of each (continuous batching, chunked
 prefill, preemption), then the host side of the tokens they sample (placeholders, grammar state); llm_engine turns those tokens into
 text and stops them. It takes KV blocks from block_manager and never touches the device: model_runner computes what it schedules."""
-import collections, numpy as np
+import collections
 from tinyvllm.config import Config
 from tinyvllm.sequence import Sequence, Status
 from tinyvllm.block_manager import BlockManager
@@ -39,7 +39,7 @@ class Scheduler:
       batch.append((seq, num_new := min(len(seq) - seq.num_computed_tokens, budget))); budget -= num_new
     return batch
 
-  def receive(self, sampling:list[Sequence], tokens:np.ndarray) -> list[tuple[Sequence, int, int]]:
+  def receive(self, sampling:list[Sequence], tokens:list[int]) -> list[tuple[Sequence, int, int]]:
     """A step's tokens (one for each of its sampling sequences) replace their placeholders (the next step, launched ahead, read them on
     the device; one that cannot run ahead, after this, for its grammars' masks). Returns (sequence, token, its length with the token) for
     each token kept."""

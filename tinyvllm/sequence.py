@@ -2,7 +2,6 @@
 carries one request through llm_engine, scheduler, block_manager and model_runner, and the outputs llm_engine returns. Plain data,
 imported by every layer; it imports nothing of the engine."""
 import dataclasses, enum, math
-from dataclasses import dataclass
 
 # the stop-list bounds keep each token's stop search short, so one request's stop lists can't stall the step
 MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 256
@@ -18,7 +17,7 @@ RANGES = {"n": (int, lambda n: n == 1, "1: n > 1 is not supported"), "max_tokens
           "min_p": (float, lambda p: 0 <= p <= 1, "in [0, 1]"), "top_k": (int, lambda k: -1 <= k < 2**63, "-1 or 0 (off), or positive"),
           "seed": (int, lambda s: -2**63 <= s < 2**63, "a 64-bit integer"), "logprobs": (int, lambda k: False, "None: logprobs are not supported")}
 
-@dataclass
+@dataclasses.dataclass
 class SamplingParams:
   """Per-request sampling knobs with vLLM's names, defaults and ranges, checked once here for the server and the offline API alike."""
   # how each token is drawn. top_k: -1 or 0 keeps the whole vocabulary; min_p: drop tokens less likely than min_p times the most likely one
@@ -45,7 +44,7 @@ class SamplingParams:
 
 class Status(enum.Enum): WAITING = 0; RUNNING = 1; FINISHED = 2
 
-@dataclass
+@dataclasses.dataclass
 class CompletionOutput:
   # finish_reason: "stop" or "length" (an aborted request gets no more outputs); stop_reason: the stop string that ended
   # it (None for EOS, length or abort), as in vLLM
@@ -54,7 +53,7 @@ class CompletionOutput:
     """The output so far and the next delta, as one."""
     return dataclasses.replace(delta, text=self.text + delta.text, token_ids=self.token_ids + delta.token_ids)
 
-@dataclass
+@dataclasses.dataclass
 class RequestOutput:
   request_id: str; prompt_token_ids: list[int]; outputs: list[CompletionOutput]; finished: bool = False
 

@@ -6,10 +6,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-import tinygrad.engine.worker   # only for its compile workers at exit (main)
-from tinyvllm.sequence import ParamError, SamplingParams
-from tinyvllm.llm_engine import AsyncLLM, Config, EngineError, LLMatcher
-from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, OutputParser, json_size, request as chat_request
+# only for its compile workers at exit (main)
+import tinygrad.engine.worker
+# the engine and what it takes (Config, SamplingParams, LLMatcher), as llm_engine imports them; chat.py, and ParamError, which it raises
+from tinyvllm.llm_engine import AsyncLLM, Config, EngineError, LLMatcher, SamplingParams
+from tinyvllm.chat import MAX_DEPTH, MAX_VALUES, OutputParser, ParamError, json_size, request as chat_request
 
 MAX_BODY, log = 1 << 20, logging.getLogger("tinyvllm.serve")
 # the chat-completions fields we honour and their JSON types; null means the default. `user` and `safety_identifier` are opaque end-user
@@ -66,7 +67,8 @@ class OpenAIServer:
     try: body = json.loads(raw, parse_constant=int)
     except (ValueError, RecursionError) as e: raise APIError(f"Invalid JSON body: {e}")
     if not isinstance(body, dict): raise APIError("The body must be a JSON object")
-    for field, value in ((field, value) for field, value in body.items() if value is not None):   # null means the default
+    # every field given (null means the default)
+    for field, value in ((field, value) for field, value in body.items() if value is not None):
       # bounded before anything copies, renders or compiles it (chat.py)
       if json_size(value) > MAX_VALUES: raise APIError(f"'{field}' nests over {MAX_DEPTH} levels or holds over {MAX_VALUES} values", param=field)
       if field in NOT_YET and value not in NOT_YET[field]: raise APIError(f"'{field}' is not supported yet", param=field)
@@ -97,8 +99,10 @@ class OpenAIServer:
     if request.headers.get("content-type", "application/json").split(";")[0].strip().lower() != "application/json":
       raise APIError("The body must be JSON, sent as Content-Type: application/json", 415)
     raw = bytearray()
-    async for chunk in request.stream():  # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
-      if raw.extend(chunk) or len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
+    # count what actually arrives: chunked uploads carry no Content-Length, and it may lie
+    async for chunk in request.stream():
+      raw.extend(chunk)
+      if len(raw) > MAX_BODY: raise APIError(f"Body over {MAX_BODY} bytes", 413)
     # parsing, chat templating and tokenizing a 1 MB body take long enough to stall every stream: a worker thread does them
     prompt, params, matcher, body, parser = await asyncio.to_thread(self.parse, raw)
     # vLLM's /v1/chat/completions/render: the prompt's token ids alone, what vllm-router's cache_aware policy routes by (issue #56)
@@ -144,7 +148,8 @@ class OpenAIServer:
         if await request.is_disconnected(): return Response(status_code=499)
     return JSONResponse({**head, "choices": [parser.reply()], "usage": usage})
 
-  async def models(self, request):   # root: the model's name, never a local path
+  async def models(self, request):
+    """/v1/models: the served model, whose root is its name, never a local path."""
     return self.authorize(request) or JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": int(time.time()),
                                                     "owned_by": "tinyvllm", "root": self.model, "max_model_len": self.config.max_model_len}]})
 

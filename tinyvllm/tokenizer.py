@@ -51,7 +51,8 @@ class Tokenizer:
     def step(token:int) -> str | None:
       # invalid UTF-8 in the context can break DecodeStream's prefix check (vLLM #17448): go on afresh, as vLLM does
       try: return streams[-1].step(self.hf, token)
-      except Exception: return streams.append(tokenizers.decoders.DecodeStream(skip_special_tokens=True)) or streams[-1].step(self.hf, token)
+      except Exception: streams.append(tokenizers.decoders.DecodeStream(skip_special_tokens=True))
+      return streams[-1].step(self.hf, token)
     return step
 
   def encode_chat(self, messages:list[dict], add_generation_prompt:bool=True, **template_kwargs) -> list[int]:
