@@ -3,8 +3,13 @@ sentencepiece and Llama 3 tiktoken files), once per test session: tinyvllm reads
 And how pytest-xdist shares the tests out (the README's command runs them on two workers, `-n 2 --dist loadgroup`)."""
 import pathlib, shutil
 import pytest
+from tinygrad.helpers import PARALLEL
 
 DATA = pathlib.Path(__file__).parent / "data"
+# tinygrad compiles on a pool of NUM_CPU_THREADS // (xdist workers) processes: under the README's command on 2 cores, one, which the
+# worker only waits for, respawned every 16 kernels (BEAM_MAX_TASKS_PER_CHILD). Compiling in the worker itself took 15-25% less CPU time
+# (test_model.py and test_moe.py: 104-113 s against 129-139 s). tinygrad internals: PARALLEL is read at each compile
+if PARALLEL.value == 1: PARALLEL.value = 0
 # the test files whose tests run longest (a minute or more each on 2 cores): first, so that no worker starts one while the other ends
 SLOWEST = ["test_startup.py", "test_renderers.py", "test_tensor_parallel.py", "test_moe.py"]
 

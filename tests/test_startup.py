@@ -1,6 +1,8 @@
 """Start-up: a second process reuses the schedules and lowered kernels that the first one stored in tinygrad's cache.db (it schedules no
 kernel anew while capturing its step graphs), and both still generate the recorded transformers greedy text."""
 import json, os, subprocess, sys, pytest
+# each child compiles as this process does: under xdist in the process itself, not on tinygrad's pool of one (conftest.py)
+from tinygrad.helpers import PARALLEL
 
 CASE = json.load(open(os.path.join(os.path.dirname(__file__), "data", "reference.json")))["cases"][0]
 CHILD = """
@@ -19,7 +21,7 @@ print(json.dumps({"token_ids": out.outputs[0].token_ids, "text": out.outputs[0].
 
 def start_up(cache_db:str, *model:str) -> dict:
   run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASE), *model], capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "CACHEDB": cache_db})
+                       env={**os.environ, "CACHEDB": cache_db, "PARALLEL": str(PARALLEL.value)})
   assert run.returncode == 0, run.stderr[-3000:]
   return {k: v for line in run.stdout.splitlines() if line.startswith("{") for k, v in json.loads(line).items()}
 
@@ -48,7 +50,7 @@ print(json.dumps({k: db.execute(f"SELECT length(val) FROM '{table}' WHERE key = 
 def own_caches(db:str, budget:int, *other:str) -> dict:
   """OWN_CACHES in a fresh process on the cache.db at db: the sizes of what the bundled model's engine of that token budget stored."""
   run = subprocess.run([sys.executable, "-c", OWN_CACHES, str(budget), *other], capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "CACHEDB": db})
+                       env={**os.environ, "CACHEDB": db, "PARALLEL": str(PARALLEL.value)})
   assert run.returncode == 0, run.stderr[-3000:]
   return json.loads(run.stdout.splitlines()[-1])
 
