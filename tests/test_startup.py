@@ -55,9 +55,11 @@ def own_caches(db:str, budget:int, *other:str) -> dict:
   return json.loads(run.stdout.splitlines()[-1])
 
 @pytest.fixture(scope="module")
-def alone(tmp_path_factory) -> dict:
-  """The engine (token budget 16) alone in a fresh cache.db, the reference of both tests below: one cold start (~30 s on 2 cores), not two."""
-  return own_caches(str(tmp_path_factory.mktemp("alone") / "cache.db"), 16)
+def alone(tmp_path_factory) -> tuple[dict, str]:
+  """The engine (token budget 16) alone in a fresh cache.db: what it stored, the reference of both tests below, and that cache.db. One
+  cold start for both (~50 s on a 2-core xdist worker)."""
+  db = str(tmp_path_factory.mktemp("alone") / "cache.db")
+  return own_caches(db, 16), db
 
 def test_an_engine_stores_only_its_own_caches(tmp_path, alone):
   """tinygrad's schedule and program caches belong to the process: an engine made after another one (a test suite, a notebook's second
@@ -68,16 +70,21 @@ def test_an_engine_stores_only_its_own_caches(tmp_path, alone):
   shutil.copytree(BUNDLED_MODEL, other := tmp_path / "other")
   config = json.load(open(other / "config.json"))
   json.dump(config | {"rms_norm_eps": 1e-6}, open(other / "config.json", "w"))   # another model to tinygrad: its own kernels and keys
-  after_another = own_caches(str(tmp_path / "cache.db"), 16, str(other))
-  assert all(0 < after_another[key] < 1.1 * alone[key] for key in alone), (alone, after_another)
+  after_another, reference = own_caches(str(tmp_path / "cache.db"), 16, str(other)), alone[0]
+  assert all(0 < after_another[key] < 1.1 * reference[key] for key in reference), (reference, after_another)
 
 def test_engines_of_other_flags_store_apart(tmp_path, alone):
   """Each engine configuration keeps its stored caches under its own key: under one key per model, every start also read what the other
   configurations had stored (the test suite's engines grew the bundled model's first-graphs entry to 4.6 MB, 1.3 s of a CPU start)."""
-  shared = str(tmp_path / "shared.db")
-  own_caches(shared, 8)   # another token budget first, into the same cache.db
+  import sqlite3
+  reference, shared = alone[0], str(tmp_path / "shared.db")
+  sqlite3.connect(alone[1]).backup(sqlite3.connect(shared))   # the engine's entries, stored alone
+  own_caches(shared, 8)   # another token budget, into the same cache.db
+  # the first engine again: it reads its entries back and, having nothing to add, stores nothing. Under one key per model the other
+  # budget's engine had read them, added its own kernels and stored them back, and this one would read back twice as much
   after_another = own_caches(shared, 16)
-  assert after_another.keys() == alone.keys() and all(0 < after_another[key] < 1.1 * alone[key] for key in alone), (alone, after_another)
+  assert after_another.keys() == reference.keys(), (reference, after_another)
+  assert all(0 < after_another[key] < 1.1 * reference[key] for key in reference), (reference, after_another)
 
 def test_the_shipped_cache_only_adds_rows_that_cache_db_lacks(tmp_path):
   """The shipped sm_90 kernels and BEAM results are SQL that ModelRunner runs on tinygrad's cache.db: it creates the tables it misses and
