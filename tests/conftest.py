@@ -1,9 +1,27 @@
 """Hugging Face tokenizer.json folders made with transformers from the original tokenizer files in tests/data (Meta's Llama 2
-sentencepiece and Llama 3 tiktoken files), once per test session: tinyvllm reads only tokenizer.json, the references stay the originals."""
+sentencepiece and Llama 3 tiktoken files), once per test session: tinyvllm reads only tokenizer.json, the references stay the originals.
+And how pytest-xdist shares the tests out (the README's command runs them on two workers, `-n 2 --dist loadgroup`)."""
 import pathlib, shutil
 import pytest
+from tinygrad.helpers import PARALLEL
 
 DATA = pathlib.Path(__file__).parent / "data"
+# tinygrad compiles on a pool of NUM_CPU_THREADS // (xdist workers) processes: under the README's command on 2 cores, one, which the
+# worker only waits for, respawned every 16 kernels (BEAM_MAX_TASKS_PER_CHILD). Compiling in the worker itself took 15-25% less CPU time
+# (test_model.py and test_moe.py: 104-113 s against 129-139 s). tinygrad internals: PARALLEL is read at each compile
+if PARALLEL.value == 1: PARALLEL.value = 0
+# the test files whose tests run longest (a minute or more each on 2 cores): first, so that no worker starts one while the other ends
+SLOWEST = ["test_startup.py", "test_renderers.py", "test_tensor_parallel.py", "test_moe.py"]
+
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(items):
+  """Under --dist loadgroup, the tests of a file that use the same module-scoped fixtures (a server, an engine, a checkpoint) form one
+  group, which one worker runs, so those are built once; every other test goes to whichever worker is free. xdist hands the groups out
+  largest first, then the single tests in this order: the slowest files first. (item._fixtureinfo: pytest internals)"""
+  items.sort(key=lambda item: SLOWEST.index(item.path.name) if item.path.name in SLOWEST else len(SLOWEST))
+  for item in items:
+    shared = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "module")
+    if shared: item.add_marker(pytest.mark.xdist_group(f"{item.path.name}:{'+'.join(shared)}"))
 
 def sentencepiece_to_hf(model_file, out_dir):
   """A sentencepiece BPE model (Llama 2 layout: byte fallback, dummy prefix, <unk> <s> </s>) as a tokenizer.json that encodes exactly as

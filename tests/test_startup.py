@@ -1,6 +1,8 @@
 """Start-up: a second process reuses the schedules and lowered kernels that the first one stored in tinygrad's cache.db (it schedules no
 kernel anew while capturing its step graphs), and both still generate the recorded transformers greedy text."""
 import json, os, subprocess, sys, pytest
+# each child compiles as this process does: under xdist in the process itself, not on tinygrad's pool of one (conftest.py)
+from tinygrad.helpers import PARALLEL
 
 CASE = json.load(open(os.path.join(os.path.dirname(__file__), "data", "reference.json")))["cases"][0]
 CHILD = """
@@ -19,7 +21,7 @@ print(json.dumps({"token_ids": out.outputs[0].token_ids, "text": out.outputs[0].
 
 def start_up(cache_db:str, *model:str) -> dict:
   run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASE), *model], capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "CACHEDB": cache_db})
+                       env={**os.environ, "CACHEDB": cache_db, "PARALLEL": str(PARALLEL.value)})
   assert run.returncode == 0, run.stderr[-3000:]
   return {k: v for line in run.stdout.splitlines() if line.startswith("{") for k, v in json.loads(line).items()}
 
@@ -45,7 +47,21 @@ table = next(t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE name
 print(json.dumps({k: db.execute(f"SELECT length(val) FROM '{table}' WHERE key = ?", (k,)).fetchone()[0] for k in (key, key + " ready")}))
 """
 
-def test_an_engine_stores_only_its_own_caches(tmp_path):
+def own_caches(db:str, budget:int, *other:str) -> dict:
+  """OWN_CACHES in a fresh process on the cache.db at db: the sizes of what the bundled model's engine of that token budget stored."""
+  run = subprocess.run([sys.executable, "-c", OWN_CACHES, str(budget), *other], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "CACHEDB": db, "PARALLEL": str(PARALLEL.value)})
+  assert run.returncode == 0, run.stderr[-3000:]
+  return json.loads(run.stdout.splitlines()[-1])
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory) -> tuple[dict, str]:
+  """The engine (token budget 16) alone in a fresh cache.db: what it stored, the reference of both tests below, and that cache.db. One
+  cold start for both (~50 s on a 2-core xdist worker)."""
+  db = str(tmp_path_factory.mktemp("alone") / "cache.db")
+  return own_caches(db, 16), db
+
+def test_an_engine_stores_only_its_own_caches(tmp_path, alone):
   """tinygrad's schedule and program caches belong to the process: an engine made after another one (a test suite, a notebook's second
   LLM) must store under its keys only what its own graphs need, not the other engine's too, which every later start would read (the
   bundled model's entries had grown 7x after one other engine, 70x after the test suite)."""
@@ -54,27 +70,21 @@ def test_an_engine_stores_only_its_own_caches(tmp_path):
   shutil.copytree(BUNDLED_MODEL, other := tmp_path / "other")
   config = json.load(open(other / "config.json"))
   json.dump(config | {"rms_norm_eps": 1e-6}, open(other / "config.json", "w"))   # another model to tinygrad: its own kernels and keys
-  sizes = []
-  for extra in ([], [str(other)]):
-    run = subprocess.run([sys.executable, "-c", OWN_CACHES, "16", *extra], capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "CACHEDB": str(tmp_path / f"{len(extra)}.db")})
-    assert run.returncode == 0, run.stderr[-3000:]
-    sizes.append(json.loads(run.stdout.splitlines()[-1]))
-  alone, after_another = sizes
-  assert all(0 < after_another[key] < 1.1 * alone[key] for key in alone), (alone, after_another)
+  after_another, reference = own_caches(str(tmp_path / "cache.db"), 16, str(other)), alone[0]
+  assert all(0 < after_another[key] < 1.1 * reference[key] for key in reference), (reference, after_another)
 
-def test_engines_of_other_flags_store_apart(tmp_path):
+def test_engines_of_other_flags_store_apart(tmp_path, alone):
   """Each engine configuration keeps its stored caches under its own key: under one key per model, every start also read what the other
   configurations had stored (the test suite's engines grew the bundled model's first-graphs entry to 4.6 MB, 1.3 s of a CPU start)."""
-  def sizes(budget:int, db:str) -> dict:
-    run = subprocess.run([sys.executable, "-c", OWN_CACHES, str(budget)], capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "CACHEDB": db})
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.splitlines()[-1])
-  alone, shared = sizes(16, str(tmp_path / "alone.db")), str(tmp_path / "shared.db")
-  sizes(8, shared)   # another token budget first, into the same cache.db
-  after_another = sizes(16, shared)
-  assert after_another.keys() == alone.keys() and all(0 < after_another[key] < 1.1 * alone[key] for key in alone), (alone, after_another)
+  import sqlite3
+  reference, shared = alone[0], str(tmp_path / "shared.db")
+  sqlite3.connect(alone[1]).backup(sqlite3.connect(shared))   # the engine's entries, stored alone
+  own_caches(shared, 8)   # another token budget, into the same cache.db
+  # the first engine again: it reads its entries back and, having nothing to add, stores nothing. Under one key per model the other
+  # budget's engine had read them, added its own kernels and stored them back, and this one would read back twice as much
+  after_another = own_caches(shared, 16)
+  assert after_another.keys() == reference.keys(), (reference, after_another)
+  assert all(0 < after_another[key] < 1.1 * reference[key] for key in reference), (reference, after_another)
 
 def test_the_shipped_cache_only_adds_rows_that_cache_db_lacks(tmp_path):
   """The shipped sm_90 kernels and BEAM results are SQL that ModelRunner runs on tinygrad's cache.db: it creates the tables it misses and

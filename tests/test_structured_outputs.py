@@ -4,6 +4,9 @@ import json, jsonschema, pytest, llguidance
 import tinyvllm.llm_engine, tinyvllm.tokenizer
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.sequence import ParamError
+# imported before `counting` patches LLMatcher: serve.py's annotations name it when the module loads (imported inside a test, as it was,
+# this failed whenever no earlier test file had imported serve, as when this file runs alone)
+from tinyvllm.serve import build_app
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pet", "address"], "properties": {
   "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
@@ -74,7 +77,9 @@ def test_bad_grammars_are_refused_by_name(llm, spec, message):
   assert e.value.param == "structured_outputs" and not llm.engine.has_unfinished()
 
 def test_bundled_vocabulary_takes_grammars():   # stories260K's tokenizer.json, made from sentencepiece ("▁" pieces, byte fallback)
-  llm = LLM(enforce_eager=True)
+  # test_offline_api's engine shapes, in graphs: its kernels come from cache.db, and a step is ~20 ms. Eager steps (0.3-0.7 s each, and a
+  # compile for every new batch size as rows finish) made this test 90 s on 2 cores; eager grammars run in test_chat's DeepSeek-R1 server
+  llm = LLM(max_num_seqs=8, max_num_batched_tokens=64)
   outs = llm.generate(["Pick"] * 8, SamplingParams(seed=1, structured_outputs={"choice": ["yes", "no way"]}), use_tqdm=False)
   assert all(o.outputs[0].text in ("yes", "no way") for o in outs)
   # JSON too: compact separators need no lone space token, which this vocabulary cannot end a piece with (": " then stopped early)
@@ -86,11 +91,12 @@ def test_bundled_vocabulary_takes_grammars():   # stories260K's tokenizer.json, 
 def test_response_format_through_the_openai_client(llm, counting):
   """The official client against a live server on this vocabulary: json_schema output validates, json_object output is JSON, and a
   schema llguidance rejects is a 400 naming response_format. Each one's grammar is compiled once: chat.py's matcher is the engine's."""
-  import asyncio, threading, openai, uvicorn
-  from tinyvllm import Config
+  import asyncio, threading, time, openai, uvicorn
   from tinyvllm.llm_engine import AsyncLLM
-  from tinyvllm.serve import build_app
-  engine = AsyncLLM(Config(model=llm.engine.config.model, enforce_eager=True, max_num_seqs=4, max_model_len=1024))
+  # the module engine's config: every kernel is in tinygrad's caches already, so its graphs capture in seconds (eager, the two 300-token
+  # answers took a minute on 2 cores). Every graph in before serving: no capture left running when the test ends
+  engine = AsyncLLM(llm.engine.config)
+  while engine.engine.runner.pending: time.sleep(0.05)
   server = uvicorn.Server(uvicorn.Config(build_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning"))
   thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
   thread.start()
