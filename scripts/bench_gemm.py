@@ -11,7 +11,8 @@ cuBLAS (torch.matmul), measured in the same run. Each side is one CUDA-graph rep
 distinct weights, so launches amortize and the weights stream from memory as in a real step; median of 7 timings after warm-up.
 
   DEV=CUDA python scripts/bench_gemm.py                      # the table for BENCHMARKS.md
-  DEV=CUDA python scripts/bench_gemm.py --sweep --m 64 256   # every config at each shape: what gemm.plan was picked from"""
+  DEV=CUDA python scripts/bench_gemm.py --sweep --m 64 256   # every config at each shape: what gemm.plan was picked from
+  DEV=CUDA python scripts/bench_gemm.py --sweep --m 1024 --models 8B --configs 128,256,4,1 256,128,4,1   # only these configs"""
 import argparse, os, statistics, sys, time
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,9 +126,12 @@ if __name__ == "__main__":
   p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
   p.add_argument("--sweep", action="store_true", help="time every valid config in CONFIGS instead of the planned one")
   p.add_argument("--layers", nargs="+", help="sweep only these layers")
+  p.add_argument("--configs", nargs="+", help="BM,BN,stages,split each: check and sweep these instead of CONFIGS (BM a multiple of 64, "
+                 "BN of 8 up to 256, stages*(BM+BN)*128 bytes of shared memory at most 227 KB)")
   p.add_argument("--no-old", action="store_true", help="skip timing the engine's old tinygrad path (slow to compile and run)")
   p.add_argument("--moe", action="store_true", help="only the MoE prefill tiles (Qwen3-30B-A3B's gate_up and down at 1024 tokens)")
   a = p.parse_args()
+  if a.configs: CONFIGS = [tuple(map(int, c.split(","))) for c in a.configs]
   if a.moe:
     for tiles, K, N in ((256, 2048, 1536), (256, 768, 2048), (48, 2048, 1536)): moe_tiles(tiles, K, N)
     sys.exit()

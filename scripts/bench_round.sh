@@ -1,6 +1,7 @@
 #!/bin/bash
 # This round's GPU figures (issues #69-#73) on one GPU: the working tree ("ours") against a baseline tree in the same lease (BASE, default
-# .base: `mkdir .base && git archive aefee24 tinyvllm scripts | tar -x -C .base`, carried as an ignored folder). Default flags throughout.
+# .base: `mkdir .base && git archive aefee24 tinyvllm scripts tests/data/llama3-tiktoken | tar -x -C .base`, carried as an ignored folder:
+# without tests/data, scripts/bench.py's model folders give the base tree the bundled model's 512-token tokenizer). Default flags throughout.
 #   PART=instep  : scripts/bench_instep.py, the dense in-step attention's variants (issue #71)
 #   PART=prefill : profile_decode.py --prefill, one 1024-token step, 1B and 8B shapes (issue #71 item 1)
 #   PART=fresh   : bench_serving.py --launch --from-ready 12 at 1 2 4 8 16 streams then settled, 1B shape, empty cache.db (issue #70 item 2):
@@ -9,7 +10,9 @@
 #   PART=variants: scripts/instep_variants.py's trees, each profiled inside the engine (1B prefill step), and today's with --step-beam 2
 #   PART=lat1b   : bench.py --latency, 1B, ours then base
 #   PART=health  : /health of a fresh server (an empty cache.db), base and ours in turns, twice (issue #70 item 2)
+#   PART=healthsampled: the same once each, every thread's stack sampled every 20 ms into $OUT/<who>/ (scripts/stack_sampler)
 #   PART=cl32    : the cl part's float32 runs alone
+#   PART=cl16    : the cl part's float16 bench.py runs alone, CL then CUDA
 #   PART=cl      : the engine on tinygrad's OpenCL backend (NVIDIA's driver) beside CUDA: bundled model greedy tokens; 1B float16 and
 #                  float32 decode and TTFT(1024) (issue #69)
 source scripts/device_env.sh   # wheels into $SITE, ours / base
@@ -33,6 +36,9 @@ cl32) mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd; exp
     for dev in CUDA CL; do ours scripts/check_backends.py --device $dev --config llama-3.2-1b --dtype float32 --tokens 24 --enforce-eager 2>&1 | grep -E '^\{|Error' | tail -2; done
     for dev in CL CUDA; do echo "== ours 1B float32 on $dev"
       DEV=$dev ours scripts/bench.py --config llama-3.2-1b --device $dev --dtype float32 --latency --copy-gib 0.25 2>&1 | grep -E "SUMMARY|Error" | tail -3; done;;
+cl16) mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd; export OCL_ICD_VENDORS=/tmp/icd   # float16 only, CUDA beside
+    for dev in CL CUDA; do echo "== ours 1B float16 on $dev"
+      DEV=$dev ours scripts/bench.py --config llama-3.2-1b --device $dev --dtype float16 --latency --copy-gib 0.25 2>&1 | grep -E "SUMMARY|Error" | tail -3; done;;
 variants) ours scripts/instep_variants.py /tmp/var   # the in-step attention's zero-line variants inside the engine, 1B prefill step
     prof() { PYTHONPATH=$SITE python3 $1/scripts/profile_decode.py --config llama-3.2-1b --device CUDA --batch 1 --ctx 1024 --prefill \
       --kv-cache-memory 4 --enforce-eager --top 8 "${@:2}" 2>&1 | grep -A11 "^## prefill"; }
@@ -41,6 +47,9 @@ variants) ours scripts/instep_variants.py /tmp/var   # the in-step attention's z
 lat1b) for who in ours base; do echo "== $who 1B"; $who scripts/bench.py --config llama-3.2-1b --device CUDA --latency 2>&1 | grep -E "SUMMARY"; done;;
 health) for who in base ours base ours; do echo "== $who"   # /health of a fresh server (an empty cache.db each), in turns
     CACHEDB=/tmp/health-$who-$RANDOM.db $who scripts/bench_serving.py --launch --config llama-3.2-1b --device CUDA --health-only 2>&1 | grep -E "healthy after|loaded|KV cache|ready after|ready on"; done;;
+healthsampled) for who in ours base; do tree=$PWD; [ $who = base ] && tree=$PWD/$BASE; echo "== $who, sampled"
+    CACHEDB=/tmp/hs-$who.db PYTHONPATH=$SITE:$PWD/scripts/stack_sampler:$tree python3 $tree/scripts/bench_serving.py --launch --config llama-3.2-1b \
+      --device CUDA --health-only 2>&1 | grep -E "healthy after|ready after|ready on"; mkdir -p $OUT/$who; mv $OUT/stacks-*.txt $OUT/$who/; done;;
 clmin) mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd; export OCL_ICD_VENDORS=/tmp/icd   # the shortest CL check
     for dev in CUDA CL; do ours scripts/check_backends.py --device $dev 2>&1 | grep -E '^\{|Error' | tail -2; done
     for dev in CUDA CL; do ours scripts/check_backends.py --device $dev --config llama-3.2-1b --dtype float16 --tokens 24 --enforce-eager 2>&1 | grep -E '^\{|Error' | tail -2; done
