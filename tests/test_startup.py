@@ -173,3 +173,18 @@ def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_t
   assert runner.buckets == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512] and len(runner.graphs) == 10 + 2 * 6   # sampler rows: 1-32
   steps.clear()
   assert [asyncio.run(stream(params))[0] for params in requests] == [ids for ids, _ in at_ready] and max(steps) == 450
+
+def test_the_one_entry_substitute_gives_tinygrads_result(monkeypatch):
+  """model_runner answers tinygrad's UOp.substitute({node: value}) on that node itself with the value, skipping the rewrite that walks the
+  value's UOps (lowering swaps each compiled program in for its kernel so, half of a CPU graph capture). Through a whole engine start-up
+  and generation, every such call must give what tinygrad's own rewrite gives: the same UOp."""
+  from tinygrad import UOp
+  from tinyvllm import LLM, SamplingParams, model_runner
+  ours, same = UOp.substitute, []
+  def checked(u, subs, **kwargs):
+    if not kwargs and subs.keys() == {u}: same.append(model_runner.tinygrad_substitute(u, subs) is ours(u, subs))
+    return ours(u, subs, **kwargs)
+  monkeypatch.setattr(UOp, "substitute", checked)
+  llm = LLM(device="CPU", max_num_seqs=2, max_num_batched_tokens=8, max_model_len=64)
+  out = llm.generate([CASE["prompt_token_ids"]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0].outputs[0]
+  assert len(same) > 100 and all(same) and out.token_ids == CASE["output_token_ids"][:8]

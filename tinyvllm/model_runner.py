@@ -3,7 +3,7 @@ launches the model (model.py, attention.py over the KV pool it owns) and the sam
 reads the sampled tokens back once the step has run. Everything on the device goes through it; it also keeps tinygrad's compile caches
 across start-ups and decides when each graph is captured (capture_next). llm_engine alone calls it."""
 import ctypes, functools, itertools, lzma, os, sqlite3, time, numpy as np, llguidance, llguidance.numpy, tinygrad.codegen, tinygrad.schedule
-from tinygrad import Tensor, TinyJit, Device, Context, dtypes
+from tinygrad import Tensor, TinyJit, Device, Context, UOp, dtypes
 from tinygrad.helpers import diskcache_get, diskcache_put, db_connection, CACHELEVEL, CACHEDB
 # tinygrad internals: its CUDA bindings
 import tinygrad.runtime.autogen.cuda as cuda
@@ -26,6 +26,11 @@ def step_layout(num_tokens:int, num_rows:int, max_blocks:int) -> dict[str, slice
 # binaries, by device, model shape and engine flags, an earlier start-up's work is not done again (warm start-up, CPU, bundled model:
 # 86-91 -> 17 s; H100, Llama-3.2-1B shape: 97-112 -> 19-22 s). They are pickled tinygrad objects (tinygrad internals): see setup.py's pin
 STORED_CACHES = (tinygrad.schedule.schedule_cache, tinygrad.codegen.to_program_cache)
+# tinygrad internals: lowering puts each compiled program in its kernel's place with UOp.substitute({kernel: program}), a rewrite that
+# walks every UOp of the program and finds nothing else to replace: half of each graph capture and each eager step's host time on the CPU
+# (BENCHMARKS.md, #72). A one-entry substitute of the node itself is that entry's value, which is what tinygrad's rewrite returns
+tinygrad_substitute = UOp.substitute
+UOp.substitute = lambda u, subs, **kw: subs[u] if not kw and subs.keys() == {u} else tinygrad_substitute(u, subs, **kw)
 # the compiled kernels and BEAM results of the benchmark engines on an H100 (scripts/build_cache.py makes it), as SQL that adds to tinygrad's
 # cache.db only the rows it lacks (CREATE TABLE IF NOT EXISTS, INSERT OR IGNORE): nothing the user's own cache holds is ever overwritten
 SHIPPED_CACHE = os.path.join(os.path.dirname(__file__), "tinygrad-cache-sm90.sql.xz")
@@ -42,8 +47,9 @@ class ModelRunner:
     capture plan      the first units in capture_first_graphs, the rest by capture_next, which holds the policy (AsyncLLM and LLM only
                       call it)
   Every use of tinygrad internals (beyond its public Tensor, TinyJit, Device and Context) is marked "tinygrad internals" where it is:
-  the stored caches (STORED_CACHES) and its cache.db connection (load), its CUDA bindings (cuda: KV sizing, download, read), the
-  step buffer's device buffers (launch), TinyJit's counter (call), and its pending host copies (download)."""
+  the stored caches (STORED_CACHES) and its cache.db connection (load), the one-entry substitute (beside STORED_CACHES), its CUDA
+  bindings (cuda: KV sizing, download, read), the step buffer's device buffers (launch), TinyJit's counter (call), and its pending host
+  copies (download)."""
   def __init__(self, config:Config, model_dir:str):
     start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := model.read_config(model_dir))
     # its phases, in the order they run (as nano-vllm's load_model, allocate_kv_cache and capture_cudagraph)
