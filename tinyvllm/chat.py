@@ -93,9 +93,8 @@ def tool_grammar(tokenizer, tool_format:str, schemas:dict[str, dict], thinking:b
   tag, key = lambda text: text if text in tokenizer.specials else json.dumps(text), "arguments" if tool_format == "hermes" else "parameters"
   # no properties beyond a tool's own unless its schema allows them, as vLLM's default backend (xgrammar, strict) does: pydantic's schemas
   # (LangChain's, instructor's) leave additionalProperties out, and SmolLM2 went on adding keys until max_tokens
-  schemas = {name: {"additionalProperties": False} | schema for name, schema in schemas.items()}
-  call = " | ".join(json.dumps(f'{{"name": {json.dumps(name)}, "{key}": ') + f" %json {json.dumps(schema | {'x-guidance': ARGUMENTS_STYLE})} " + '"}"'
-                    for name, schema in schemas.items())
+  call = " | ".join(json.dumps(f'{{"name": {json.dumps(name)}, "{key}": ') + " %json " + json.dumps({"additionalProperties": False} | schema
+                    | {"x-guidance": ARGUMENTS_STYLE}) + ' "}"' for name, schema in schemas.items())
   # a reasoning turn the prompt opened ends at once
   start = f'start: {tag("</think>")} "\\n\\n" ' if thinking else "start: "
   # Llama 3 templates take one call per turn

@@ -83,7 +83,8 @@ class LLMEngine:
     - read by the next step: ModelRunner.prepare packs it as an input token, and the graph takes that row of ModelRunner.sampled, which
       the step before wrote on the device (ModelRunner.forward);
     - replaced by Scheduler.receive with the token itself, once the host has read it (ModelRunner.read);
-    - dropped by process_output where a finished sequence still holds one (a step launched meanwhile computed it for nothing)."""
+    - never written for a sequence process_output has just finished (advance skips it), though a step launched meanwhile computed it for
+      nothing; Scheduler.receive drops that step's token."""
     batch, sampling = self.scheduler.schedule(self.runner.buckets[-1]), self.in_flight
     try:
       launch, self.in_flight, ahead = self.runner.prepare(batch) if batch else (lambda: None, [], False)
@@ -116,8 +117,8 @@ class LLMEngine:
       if (i := seq.held_text.find(stop, max(0, searched - len(stop) + 1))) >= 0:
         seq.held_text = seq.held_text[:i]; reason, stop_reason = "stop", stop
     if reason is None and (length - seq.num_prompt_tokens >= params.max_tokens or length >= self.config.max_model_len): reason = "length"
-    # the placeholder of a step scheduled meanwhile is dropped; a finished request leaves the engine with its last delta
-    if reason: del seq.token_ids[length:]; self.scheduler.finish(self.requests.pop(seq.request_id))
+    # a finished request leaves the engine with its last delta. It holds no placeholder: the step's advance, after this, skips it
+    if reason: self.scheduler.finish(self.requests.pop(seq.request_id))
     emit = len(seq.held_text) if reason else max(0, len(seq.held_text) - max((len(s) - 1 for s in params.stop), default=0))
     out, seq.held_text = CompletionOutput(0, seq.held_text[:emit], [token], reason, stop_reason), seq.held_text[emit:]
     return RequestOutput(seq.request_id, seq.prompt_token_ids, [out], reason is not None)

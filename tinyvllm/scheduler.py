@@ -21,9 +21,9 @@ class Scheduler:
     """Returns (sequence, num_new: how many of its tokens to compute this step); a sequence whose last token is computed samples one
     more. max_step_tokens: the largest step the runner has a graph for yet, if under the configured budget."""
     budget, batch = min(max_step_tokens, self.config.max_num_batched_tokens), []
-    for seq in list(self.running):
-      # skipped: preempted below while making room for an earlier sequence
-      if seq.status != Status.RUNNING: continue
+    # the live list: a sequence preempted below leaves it from the end, behind this loop (running stays a prefix of what it was), so the
+    # loop stops before it and meets only running sequences
+    for seq in self.running:
       if (num_new := min(len(seq) - seq.num_computed_tokens, budget)) == 0: break
       # out of blocks: the most recently admitted sequence (maybe this one) is preempted: its blocks are freed, and it goes back to the
       # front of the queue, to be recomputed
