@@ -4,6 +4,7 @@
   python scripts/bench_cpu_start.py start --model ~/SmolLM2          # seconds for LLM(model, device="CPU") in this fresh process
   python scripts/bench_cpu_start.py prompt --model ~/SmolLM2         # a 1024-token prompt's first token: first use, second, third
   python scripts/bench_cpu_start.py prompt --model ~/SmolLM2 --tp 3  # the same over 3 virtual CPU devices (a worker thread each)
+  python scripts/bench_cpu_start.py eager --model ~/SmolLM2          # enforce_eager: 16 greedy tokens of a short prompt, twice
 
 `start` times what a user's `LLM()` costs after the import (run it twice against one CACHEDB: the first fills cache.db). `prompt` sends
 the same 1024-token prompt three times (prefix caching off): the prompt-sized buckets' TinyJits run their first call eagerly, capture
@@ -13,13 +14,17 @@ import numpy as np
 
 if __name__ == "__main__":
   p = argparse.ArgumentParser()
-  p.add_argument("what", choices=["start", "prompt"]); p.add_argument("--model"); p.add_argument("--tokens", type=int, default=1024)
+  p.add_argument("what", choices=["start", "prompt", "eager"]); p.add_argument("--model"); p.add_argument("--tokens", type=int, default=1024)
   p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size: CPU:0..tp-1, each device's kernels on its own worker thread")
   a = p.parse_args()
   from tinyvllm import LLM, SamplingParams
   t = time.perf_counter()
-  llm = LLM(a.model, device="CPU", enable_prefix_caching=a.what == "start", tensor_parallel_size=a.tp)
+  llm = LLM(a.model, device="CPU", enable_prefix_caching=a.what == "start", tensor_parallel_size=a.tp, enforce_eager=a.what == "eager")
   print(f"LLM() {time.perf_counter() - t:.1f} s", flush=True)
+  # eager: every step schedules and lowers its kernels again (cache.db holds them compiled), the host time that graphs save
+  for use in ("first", "second") if a.what == "eager" else ():
+    t = time.perf_counter(); llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    print(f"eager, {use} use: 16 tokens in {time.perf_counter() - t:.1f} s", flush=True)
   if a.what == "prompt":
     prompt = np.random.default_rng(0).integers(100, 40000, a.tokens).tolist()
     for use in ("first", "second", "third"):
