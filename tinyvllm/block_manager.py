@@ -35,7 +35,7 @@ class BlockManager:
     if need + sum(self.ref[b] == 0 for b in shared) > len(self.free): return None
     for b in shared: self.free.pop(b, None); self.ref[b] += 1
     seq.block_table, cached = shared + [self._take() for _ in range(need)], len(shared) * self.block_size
-    seq.block_hashes = [self.hash_of[b] for b in shared] if all(b in self.hash_of for b in shared) else []
+    seq.block_hashes = [self.hash_of[b] for b in shared]
     self.queries, self.hits = self.queries + len(seq), self.hits + cached; return cached
 
   def append(self, seq:Sequence, num_new:int) -> bool:
