@@ -7,8 +7,7 @@ The chat template says what the model was taught: Hermes <tool_call> tags (Qwen,
 reasons inside <think> tags (Qwen3, DeepSeek-R1 distills). Only templates that mention them get tools or reasoning."""
 import contextlib, copy, json, re, uuid, jinja2, llguidance
 from tinygrad.llm.serve import StreamRouter, normalize_messages, parse_tool_call
-from tinyvllm.tokenizer import compile_grammar
-from tinyvllm.sequence import ParamError
+from tinyvllm.tokenizer import ParamError, compile_grammar
 
 # forced arguments take the layout templates render them in (tojson is json.dumps), the one the model learned
 ARGUMENTS_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
