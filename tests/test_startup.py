@@ -14,9 +14,12 @@ tinygrad.schedule.get_kernel_graph = lambda *args, **kwargs: scheduled.append(1)
 def counted(self): before = len(scheduled); capture(self); capturing.append(len(scheduled) - before)
 ModelRunner.capture_next = counted
 llm = LLM(sys.argv[2] if len(sys.argv) > 2 else None, device="CPU", max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128)
-out = llm.generate([case["prompt_token_ids"]], SamplingParams(temperature=0, max_tokens=case["num_new_tokens"]), use_tqdm=False)[0]
-print(json.dumps({"scheduled_while_capturing": sum(capturing), "captures": len(capturing), "graphs": len(llm.engine.runner.graphs)}))
-print(json.dumps({"token_ids": out.outputs[0].token_ids, "text": out.outputs[0].text}))
+greedy, outs, captures = SamplingParams(temperature=0, max_tokens=case["num_new_tokens"]), [], [len(capturing)]
+# one prompt alone, then a batch of two: only the batch captures the graphs LLM() left on the CPU (those of 2 and 4 tokens)
+for n in (1, 2):
+  outs.append(llm.generate([case["prompt_token_ids"]] * n, greedy, use_tqdm=False)); captures.append(len(capturing))
+print(json.dumps({"scheduled_while_capturing": sum(capturing), "captures": captures, "graphs": len(llm.engine.runner.graphs)}))
+print(json.dumps({"outputs": [[o.outputs[0].token_ids, o.outputs[0].text] for out in outs for o in out]}))
 """
 
 def start_up(cache_db:str, *model:str) -> dict:
@@ -32,9 +35,11 @@ def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(t
   from tinyvllm.config import BUNDLED_MODEL
   first, second = start_up(str(tmp_path / "cache.db")), start_up(str(tmp_path / "cache.db"), shutil.copytree(BUNDLED_MODEL, tmp_path / "copy"))
   assert first["scheduled_while_capturing"] > 0 and second["scheduled_while_capturing"] == 0
-  # 5 buckets (1-16) x 2 sampler variants: 5 model graphs, and 2 sampler graphs for each of the 3 row counts (1, 2, 4: max_num_seqs)
-  assert first["captures"] == second["captures"] == 10 and first["graphs"] == second["graphs"] == 5 + 2 * 3
-  for run in (first, second): assert run["token_ids"] == CASE["output_token_ids"] and run["text"] == CASE["output_text_in_context"]
+  # 5 buckets (1-16) x 2 sampler variants: 5 model graphs, and 2 sampler graphs for each of the 3 row counts (1, 2, 4: max_num_seqs). At
+  # ready, 6 units (those of 1 and 16 tokens, and of the prompt-sized 8 and 16); the 4 of 2 and 4 tokens only before the batch of two
+  assert first["captures"] == second["captures"] == [6, 6, 10] and first["graphs"] == second["graphs"] == 5 + 2 * 3
+  for run in (first, second):
+    assert run["outputs"] == [[CASE["output_token_ids"], CASE["output_text_in_context"]]] * 3
 
 OWN_CACHES = """
 import json, sqlite3, sys, tinygrad.helpers

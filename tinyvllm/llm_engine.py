@@ -127,8 +127,10 @@ class LLM:
   """Offline batch generation, as vLLM's `LLM`: everything given is batched through the engine at once."""
   def __init__(self, model:str|None=None, device:str|None=None, **kwargs):
     self.engine = LLMEngine(Config(model=model, device=device, **kwargs))
-    # every graph before the first batch: the buckets a step may use never depend on timing, so offline runs are repeatable
-    for _ in tinygrad.helpers.tqdm(range(len(self.engine.runner.pending)), desc="capturing step graphs"): self.engine.runner.capture_next()
+    # every graph before the first batch: the buckets a step may use never depend on timing, so offline runs are repeatable. On the CPU
+    # the prompt-sized buckets are in from ready (ModelRunner.capture_first_graphs), and one prompt at a time decodes in the first graphs:
+    # the others are captured before the first batch of several prompts (generate), and LLM() is ready with its engine (#72)
+    for _ in range(0 if self.engine.runner.lazy else len(self.engine.runner.pending)): self.engine.runner.capture_next()
 
   def generate(self, prompts, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
     """prompts: one prompt or a list of them, in any of vLLM's forms (see LLMEngine.check). Every prompt and grammar is checked before any
@@ -136,9 +138,11 @@ class LLM:
     prompts = [prompts] if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)) else list(prompts)
     params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
     if len(params) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-    # all of them checked, and their grammars compiled, before any is queued; then each with an empty output per sequence that its deltas
-    # are added to
+    # all of them checked, and their grammars compiled, before any is queued
     checked = [self.engine.check(prompt, sp) for prompt, sp in zip(prompts, params)]
+    # on the CPU, the graphs LLM() left for a batch of several prompts (see __init__); on a GPU none is pending by now
+    for _ in range(len(self.engine.runner.pending) if len(prompts) > 1 else 0): self.engine.runner.capture_next()
+    # each with an empty output per sequence that its deltas are added to
     request_ids = [self.engine.add_request(ids, sp, matcher=matcher) for (ids, matcher), sp in zip(checked, params)]
     results = {rid: RequestOutput(rid, ids, [CompletionOutput(0, "", [])]) for rid, (ids, _) in zip(request_ids, checked)}
     bar, start, num_tokens = tinygrad.helpers.tqdm(total=len(results), desc="generate", disable=not use_tqdm), time.perf_counter(), 0
