@@ -45,8 +45,10 @@ OWN_CACHES = """
 import json, sqlite3, sys, tinygrad.helpers
 from tinyvllm import LLM
 budget, *other = sys.argv[1:]
-if other: LLM(other[0], device="CPU", max_num_seqs=4, max_num_batched_tokens=16)   # another engine first, in this process
+# a batch of two after each LLM(): on the CPU it captures the graphs LLM() left, and the caches are stored once all are in
+if other: LLM(other[0], device="CPU", max_num_seqs=4, max_num_batched_tokens=16).generate(["a", "b"], use_tqdm=False)   # another engine first
 llm = LLM(device="CPU", max_num_seqs=4, max_num_batched_tokens=int(budget))
+llm.generate(["Once upon a time", "Lily"], use_tqdm=False)
 db, key = sqlite3.connect(tinygrad.helpers.CACHEDB), llm.engine.runner.cache_key
 table = next(t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE name LIKE 'tinyvllm_caches%'"))
 print(json.dumps({k: db.execute(f"SELECT length(val) FROM '{table}' WHERE key = ?", (k,)).fetchone()[0] for k in (key, key + " ready")}))
