@@ -17,11 +17,10 @@ def test_greedy_matches_transformers_reference(llm):
     assert out.outputs[0].text == case["output_text_in_context"]
     assert out.outputs[0].finish_reason == ("stop" if case["stopped_at_eos"] else "length")
 
-def test_at_ready_a_long_prompt_runs_whole_on_the_cpu_in_a_graph_captured_at_its_second_use():
+def test_at_ready_a_long_prompt_runs_whole_on_the_cpu_in_a_graph_captured_at_its_first_use():
   """LLMEngine alone is ready with the graphs of a decode and of a 64-token chunk (the server captures the others while idle, LLM all of
-  them at once); on the CPU the prompt-sized buckets (over max_num_seqs) are in from the start, their graphs TinyJits that run their
-  first call eagerly and capture at their second. A long prompt runs in one step each time, eager then captured then replayed, and gives
-  transformers' greedy tokens every time."""
+  them at once); on the CPU the prompt-sized buckets (over max_num_seqs) are in from the start, each graph captured at its first use. A
+  long prompt runs in one step each time, captured then replayed, and gives transformers' greedy tokens every time."""
   engine, steps = LLMEngine(Config(max_num_seqs=32, enable_prefix_caching=False)), []
   prepare, prompt = engine.runner.prepare, (REF[0]["prompt_token_ids"] + REF[0]["output_token_ids"]) * 9   # 405 tokens
   engine.runner.prepare = lambda batch, *args: steps.append(sum(num_new for _, num_new in batch)) or prepare(batch, *args)
@@ -33,7 +32,7 @@ def test_at_ready_a_long_prompt_runs_whole_on_the_cpu_in_a_graph_captured_at_its
     steps.clear(); engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     ours = [token for _ in iter(engine.has_unfinished, False) for out in engine.step() for token in out.outputs[0].token_ids]
     assert steps[0] == 405 and ours == ids[len(prompt):]
-  assert engine.runner.graphs[("model", 512)].captured is not None   # captured at the second run, replayed at the third
+    assert engine.runner.graphs[("model", 512)].captured is not None   # captured at the first run, replayed at the others
 
 def mixed_prompts(n, vocab, seed=0):   # lengths from 1 token to well past the 64-token chunk
   rng = np.random.default_rng(seed)

@@ -140,7 +140,7 @@ def test_the_shipped_cache_holds_todays_gemv(M, X, N, K, E, rows):
 def test_the_server_is_ready_before_its_graphs_are_captured_and_gives_the_same_tokens():
   """The server says ready (/health 200) once a decode and a 64-token prompt chunk can run; the other graphs are captured while no
   request runs, one at a time, so a stream opened at ready never waits for one. A long prompt sent at ready runs whole (on the CPU the
-  prompt-sized buckets are in from the start, each captured at its second use) and gives the tokens it gives once every graph is in, and
+  prompt-sized buckets are in from the start, each captured at its first use) and gives the tokens it gives once every graph is in, and
   every graph gets captured."""
   import asyncio, time, uuid, numpy as np
   from starlette.testclient import TestClient

@@ -150,11 +150,12 @@ class ModelRunner:
     are both in, so no step waits for a capture, and the token budget is the largest such bucket yet. Units are (tokens, filtered)."""
     # TinyJit graphs (the model's by token bucket, the sampler's by row count), and the sizes of the stored caches as read (written back
     # only if capturing adds to them). On the CPU a prompt-sized step's graph is captured when a step first needs it, not before the engine
-    # is ready: capturing one ran its step, seconds of compute there, at every start (#72). Such a TinyJit runs its first call eagerly (on
-    # the CPU 1.5x a replay: tinygrad lowers every kernel again) and captures at its second. With them in, one prompt at a time needs no
-    # graph but the first units' (LLM reads lazy so)
+    # is ready: capturing one ran its step, seconds of compute there, at every start (#72). Their keys are in with no TinyJit yet, so
+    # capture_next passes them and call makes each at its first use and captures it there (TinyJit's own eager first run cost the first
+    # long prompt a capture more: 1.5x a replay, then 1.2x). With them in, one prompt at a time needs no graph but the first units' (LLM
+    # reads lazy so)
     self.lazy = [n for n in self.buckets if n > self.max_rows and not Device[self.device].renderer.has_local]
-    self.graphs, self.stored = {("model", n): TinyJit(self.forward) for n in self.lazy}, list(map(len, STORED_CACHES))
+    self.graphs, self.stored = dict.fromkeys(("model", n) for n in self.lazy), list(map(len, STORED_CACHES))
     units, first = itertools.product(self.buckets, (0, 1)), list(itertools.product((1, min(64, self.buckets[-1]), *self.lazy), (0, 1)))
     # pending: the first units (those of 1 and 64 tokens, or of the largest bucket if smaller, and the lazy buckets, which capture nothing
     # now), then the others, every bucket with each sampler variant in bucket order (dict.fromkeys keeps each unit once, at its first place)
