@@ -9,8 +9,8 @@
 
 `start` times what a user's `LLM()` costs after the import (run it twice against one CACHEDB: the first fills cache.db), then a
 generate of one short prompt and one of a batch of two. `prompt` sends
-the same 1024-token prompt three times (prefix caching off): the prompt-sized buckets' TinyJits run their first call eagerly, capture
-at their second and replay from the third. Run a tree against another with PYTHONPATH=<tree> and a CACHEDB of its own."""
+the same 1024-token prompt three times (prefix caching off): the prompt-sized buckets' graphs are captured at their first use and
+replayed after (before ea6fb98 a first call ran eagerly and the second captured). Run a tree against another with PYTHONPATH=<tree> and a CACHEDB of its own."""
 import argparse, time
 import numpy as np
 
