@@ -151,8 +151,6 @@ class Transformer:
     # (N, k): the router weights of each token's k experts (sel: their ids)
     weights = probs.gather(-1, sel := (rank.unsqueeze(1) == arange(k).unsqueeze(-1)).where(i, 0).sum(-1))
     if c["norm_topk_prob"]: weights = weights / weights.sum(-1, keepdim=True)
-    # (E, rows, cols)
-    stacked = lambda name, *shape: self.w[p + name].reshape(E, *shape)
     # inputs: x's row of each output row; owner: the expert of each row (decode), or of each tile's rows; row_of: tiles only, below
     # the tiles pay from ~4 rows per expert on average on wgmma (Hopper, bf16), from ~32 on tinygrad's matmul (BENCHMARKS.md)
     if A < (4 if gemm.hopper(x.device) and x.dtype == dtypes.bfloat16 else 32) * E: inputs, owner, row_of = x, sel.flatten(), None
@@ -172,7 +170,8 @@ class Transformer:
       # each row's token: how many of its expert's tokens have rows before it (a padding row counts them all: N, which reads zeros)
       # (tiles*tile_rows, D)
       inputs = x[(row_of.T[owner.flatten()] < arange(tiles * tile_rows).unsqueeze(1)).sum(1)]
-    gate, up = gemm.matmul(inputs, stacked("experts.gate_up.weight", -1, D), experts=owner).chunk(2, -1)
+    # the layer's experts' weights, stacked: (E, rows, cols)
+    gate, up = gemm.matmul(inputs, self.w[p + "experts.gate_up.weight"].reshape(E, -1, D), experts=owner).chunk(2, -1)
     # (A or tiles*tile_rows, D)
-    y = gemm.matmul((gate.silu() * up).contiguous(), stacked("experts.down.weight", D, -1), experts=owner)
+    y = gemm.matmul((gate.silu() * up).contiguous(), self.w[p + "experts.down.weight"].reshape(E, D, -1), experts=owner)
     return ((y if row_of is None else y[row_of.gather(-1, sel)]).reshape(N, k, D) * weights.cast(y.dtype).unsqueeze(-1)).sum(1)
