@@ -237,7 +237,7 @@ class ModelRunner:
       # kernels too (TinyJit's prune would take every kernel of the step buffer for a constant)
       if (jit := self.graphs.get(graph)) is None: jit = self.graphs[graph] = TinyJit(fxn); jit.cnt = 1
       return (fxn if self.config.enforce_eager else jit)(*args, **sizes)
-    def launch() -> Tensor:
+    def launch(model_graph=None) -> Tensor:
       # (total,): the step's input tokens, packed last: a token the step before samples is its placeholder until the host receives it
       inputs["tokens"][:total] = np.fromiter(itertools.chain(*(s.token_ids[(c := s.num_computed_tokens):c + num_new] for s, num_new in batch)), int)
       # one host-to-device copy into the part of the input buffer the bucket uses: a Tensor made of the array would go through tinygrad's
@@ -248,7 +248,10 @@ class ModelRunner:
       for dev in getattr(buffer := self.step_buffer.uop.buffer, "bufs", [buffer]):
         dest = dev.allocator._offset(dev._buf, packed.nbytes, 0) if hasattr(dev.allocator, "_as_buffer") else dev._buf
         dev.allocator._copyin(dest, memoryview(packed).cast("B"))
-      logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
+      # a capture of a sampler alone (capture_next: its bucket's model graph is in) reads the logits that graph wrote last (tinygrad
+      # internals: a captured graph's output), rather than running the step again for them (the CPU's 64-token step: 1.5 s of its start)
+      if model_graph: logits = model_graph.captured.ret
+      else: logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
       return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampling, num_rows)] if filtered else []))
     return launch, sampling, self.overlap and not any(s.matcher for s in sampling)
 
@@ -288,9 +291,10 @@ class ModelRunner:
       for cache, stored in zip(STORED_CACHES, diskcache_get("tinyvllm_caches", self.cache_key) or ()): cache.update(stored)
       self.stored = list(map(len, STORED_CACHES))
     # a unit whose graphs are in runs no step: the filtered unit of a bucket wider than max_rows, whose sampler graph an earlier bucket of
-    # as many rows captured (on the CPU, 3 steps of 128-512 tokens, seconds each)
+    # as many rows captured (on the CPU, 3 steps of 128-512 tokens, seconds each). One whose model graph is in (a filtered unit after its
+    # plain one) captures its sampler alone, on the logits that graph wrote last (see launch)
     if not {("model", (unit := self.pending[0])[0]), ("sampler", unit[1], min(unit[0], self.max_rows))} <= self.graphs.keys():
-      with Context(BEAM=self.config.beam if unit[0] <= self.config.max_num_seqs else 0): self.prepare([], *unit)[0]()
+      with Context(BEAM=self.config.beam if unit[0] <= self.max_rows else 0): self.prepare([], *unit)[0](self.graphs.get(("model", unit[0])))
     # its filtered sampler in (after its plain one): steps may use it
     if unit[1]: self.buckets = sorted({*self.buckets, unit[0]})
     if len(self.pending) > 1: return self.pending.pop(0)
