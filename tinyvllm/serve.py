@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP server (`python -m tinyvllm.serve`): one AsyncLLM behind a small Starlette app, shaped like vLLM's api_server."""
 import argparse, asyncio, contextlib, dataclasses, hmac, inspect, json, logging, re, signal, time, typing, uuid, uvicorn
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Metric, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Metric, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -41,9 +41,6 @@ class OpenAIServer:
   """vLLM's api_server routes over one AsyncLLM: /v1/chat/completions (and its /render), /v1/models, /health and /metrics."""
   def __init__(self, llm:AsyncLLM, served_model_name:str|None=None, api_key:str|None=None):
     self.llm, self.api_key, self.config, self.model = llm, api_key, llm.engine.config, served_model_name or llm.engine.model_name
-    # one per app, so two servers in one process keep their own counts. vLLM's latency histograms and success counter went to pay for
-    # tensor parallelism (README, "Not supported, and why")
-    self.registry = CollectorRegistry(); self.registry.register(self)
 
   def authorize(self, request):
     """The API key check of every /v1 route; /health and /metrics stay open for probes and scrapers."""
@@ -155,7 +152,10 @@ class OpenAIServer:
 
   async def health(self, request): return Response(status_code=200 if self.llm.healthy else 503)
 
-  async def metrics(self, request): return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+  # the server is its own collector (generate_latest takes any object with collect()), never the process's global registry: one per app,
+  # so two servers in one process keep their own counts. vLLM's latency histograms and success counter went to pay for tensor
+  # parallelism (README, "Not supported, and why")
+  async def metrics(self, request): return Response(generate_latest(self), media_type=CONTENT_TYPE_LATEST)
 
   def collect(self):
     """The engine's own gauges and counters under vLLM's names (so its dashboards work), read at each scrape."""
