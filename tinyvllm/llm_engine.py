@@ -186,10 +186,9 @@ class AsyncLLM:
   def loop(self):
     """The engine thread: wait for work (capturing pending graphs while idle), apply the inbox, run one step, hand each output to its
     caller's event loop."""
-    runner, scheduler = self.engine.runner, self.engine.scheduler
     while True:
       # idle: the pending graphs are captured one at a time (a request that arrives during one waits for it)
-      while not self.work.wait(IDLE_CAPTURE_S if runner.pending else None): self.capture()
+      while not self.work.wait(IDLE_CAPTURE_S if self.engine.runner.pending else None): self.capture()
       # outs: (request id, its output or its error), delivered after the step
       outs: list[tuple[str, RequestOutput | Exception]] = []
       while not self.inbox.empty():
@@ -197,15 +196,16 @@ class AsyncLLM:
         # a request the engine refuses fails alone
         try: call(*args)
         except Exception as e: outs.append((request_id, e))
-      # busy: a capture's pause between steps, for a bucket the sequences need (ModelRunner.capture_next)
-      self.capture(len(scheduler.running) + len(scheduler.waiting))
+      # busy: a capture's pause between steps, for a bucket the sequences need (ModelRunner.capture_next); the engine's requests are its
+      # sequences, running and waiting
+      self.capture(len(self.engine.requests))
       try: outs += [(out.request_id, out) for out in self.engine.step()]
       except Exception as e:
         # the failed step's requests fail alone; if even an empty step can't run, the engine is broken
         log.exception("engine step failed"); failed = e.request_ids if isinstance(e, EngineError) else list(self.engine.requests)
         for request_id in failed: self.engine.abort(request_id); outs.append((request_id, EngineError(failed)))
         # an empty step, its tokens read
-        try: runner.prepare([], runner.buckets[0])[0]().tolist()
+        try: self.engine.runner.prepare([], self.engine.runner.buckets[0])[0]().tolist()
         except Exception: self.healthy = False; log.exception("the engine cannot run an empty step: it is unhealthy")
       # clear, then look again: a request that arrived meanwhile set the event after our last check
       self.work.clear()
