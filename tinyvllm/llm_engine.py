@@ -129,8 +129,10 @@ class LLM:
     self.engine = LLMEngine(Config(model=model, device=device, **kwargs))
     # every graph before the first batch: the buckets a step may use never depend on timing, so offline runs are repeatable. On the CPU
     # the prompt-sized buckets are in from ready (ModelRunner.capture_first_graphs), and one prompt at a time decodes in the first graphs:
-    # the others are captured before the first batch of several prompts (generate), and LLM() is ready with its engine (#72)
-    for _ in range(0 if self.engine.runner.lazy else len(self.engine.runner.pending)): self.engine.runner.capture_next()
+    # the others are captured before the first batch of several prompts (generate), and LLM() is ready with its engine (#72). A GPU
+    # captures them all here, under a progress bar
+    if not self.engine.runner.lazy:
+      for _ in tinygrad.helpers.tqdm(list(self.engine.runner.pending), desc="capturing graphs"): self.engine.runner.capture_next()
 
   def generate(self, prompts, sampling_params:SamplingParams|list[SamplingParams]|None=None, use_tqdm=True) -> list[RequestOutput]:
     """prompts: one prompt or a list of them, in any of vLLM's forms (see LLMEngine.check). Every prompt and grammar is checked before any
