@@ -249,7 +249,7 @@ class ModelRunner:
         dest = dev.allocator._offset(dev._buf, packed.nbytes, 0) if hasattr(dev.allocator, "_as_buffer") else dev._buf
         dev.allocator._copyin(dest, memoryview(packed).cast("B"))
       # a capture of a sampler alone (capture_next: its bucket's model graph is in) reads the logits that graph wrote last (tinygrad
-      # internals: a captured graph's output), rather than running the step again for them (the CPU's 64-token step: 1.5 s of its start)
+      # internals: a captured graph's output), rather than running the step again for them (on the CPU, seconds at 64 tokens: BENCHMARKS.md)
       if model_graph: logits = model_graph.captured.ret
       else: logits = call(("model", num_tokens), self.forward, num_tokens=num_tokens, num_rows=num_rows)
       return call(("sampler", filtered, num_rows), self.sample, logits, *([self.grammar_masks(sampling, num_rows)] if filtered else []))
