@@ -48,8 +48,8 @@ class ModelRunner:
                       call it)
   Every use of tinygrad internals (beyond its public Tensor, TinyJit, Device and Context) is marked "tinygrad internals" where it is:
   the stored caches (STORED_CACHES) and its cache.db connection (load), the one-entry substitute (beside STORED_CACHES), its CUDA
-  bindings (cuda: KV sizing, download, read), the step buffer's device buffers (launch), TinyJit's counter (call), and its pending host
-  copies (download)."""
+  bindings (cuda: KV sizing, download, read), the step buffer's device buffers (launch), TinyJit's counter (call), a captured graph's
+  output (launch), and its pending host copies (download)."""
   def __init__(self, config:Config, model_dir:str):
     start, self.config, self.device, self.hf_config = time.perf_counter(), config, Device.DEFAULT, (hf_config := model.read_config(model_dir))
     # its phases, in the order they run (as nano-vllm's load_model, allocate_kv_cache and capture_cudagraph)
