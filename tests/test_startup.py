@@ -1,39 +1,68 @@
 """Start-up: a second process reuses the schedules and lowered kernels that the first one stored in tinygrad's cache.db (it schedules no
 kernel anew while capturing its step graphs), and both still generate the recorded transformers greedy text."""
-import json, os, subprocess, sys, pytest
+import json, os, sqlite3, subprocess, sys, pytest
 # each child compiles as this process does: under xdist in the process itself, not on tinygrad's pool of one (conftest.py)
 from tinygrad.helpers import PARALLEL
 
 CASE = json.load(open(os.path.join(os.path.dirname(__file__), "data", "reference.json")))["cases"][0]
 CHILD = """
-import json, sys, tinygrad.schedule
+import json, sqlite3, sys, tinygrad.helpers, tinygrad.schedule
 from tinyvllm import LLM, SamplingParams
 from tinyvllm.model_runner import ModelRunner
-case, scheduled, capturing, capture, get_kernel_graph = json.loads(sys.argv[1]), [], [], ModelRunner.capture_next, tinygrad.schedule.get_kernel_graph
+case, budgets, model = json.loads(sys.argv[1]), json.loads(sys.argv[2]), (sys.argv[3:] or [None])[0]
+scheduled, capturing, capture, get_kernel_graph = [], [], ModelRunner.capture_next, tinygrad.schedule.get_kernel_graph
 tinygrad.schedule.get_kernel_graph = lambda *args, **kwargs: scheduled.append(1) or get_kernel_graph(*args, **kwargs)
 def counted(self): before = len(scheduled); capture(self); capturing.append(len(scheduled) - before)
 ModelRunner.capture_next = counted
-llm = LLM(sys.argv[2] if len(sys.argv) > 2 else None, device="CPU", max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128)
-greedy, outs, captures = SamplingParams(temperature=0, max_tokens=case["num_new_tokens"]), [], [len(capturing)]
-# one prompt alone, then a batch of two: only the batch captures the graphs LLM() left on the CPU (those of 2 and 4 tokens)
-for n in (1, 2):
-  outs.append(llm.generate([case["prompt_token_ids"]] * n, greedy, use_tqdm=False)); captures.append(len(capturing))
+greedy = SamplingParams(temperature=0, max_tokens=case["num_new_tokens"])
+# an engine of each token budget, one after another in this process (a test suite, a notebook's second LLM): the last one serves model
+# (None: the bundled one) and reports, the others serve the bundled model
+for i, budget in enumerate(budgets):
+  capturing.clear()
+  llm = LLM(model if i == len(budgets) - 1 else None, device="CPU", max_num_seqs=4, max_num_batched_tokens=budget, max_model_len=128)
+  outs, captures = [], [len(capturing)]
+  # one prompt alone, then a batch of two: only the batch captures the graphs LLM() left on the CPU (those of 2 and 4 tokens), and the
+  # caches are stored once all are in
+  for n in (1, 2):
+    outs.append(llm.generate([case["prompt_token_ids"]] * n, greedy, use_tqdm=False)); captures.append(len(capturing))
+db, key = sqlite3.connect(tinygrad.helpers.CACHEDB), llm.engine.runner.cache_key
+table = next(t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE name LIKE 'tinyvllm_caches%'"))
+sizes = {k: db.execute(f"SELECT length(val) FROM '{table}' WHERE key = ?", (k,)).fetchone()[0] for k in (key, key + " ready")}
 print(json.dumps({"scheduled_while_capturing": sum(capturing), "captures": captures, "graphs": len(llm.engine.runner.graphs)}))
-print(json.dumps({"outputs": [[o.outputs[0].token_ids, o.outputs[0].text] for out in outs for o in out]}))
+print(json.dumps({"outputs": [[o.outputs[0].token_ids, o.outputs[0].text] for out in outs for o in out], "table": table, "sizes": sizes}))
 """
 
-def start_up(cache_db:str, *model:str) -> dict:
-  run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASE), *model], capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "CACHEDB": cache_db, "PARALLEL": str(PARALLEL.value)})
+def start_up(cache_db:str, *budgets:int, model:str|None=None) -> dict:
+  """CHILD in a fresh process on the cache.db at cache_db: what the last engine did, and the sizes of the entries it stored."""
+  run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASE), json.dumps(budgets), *([str(model)] if model else [])],
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "CACHEDB": cache_db, "PARALLEL": str(PARALLEL.value)})
   assert run.returncode == 0, run.stderr[-3000:]
   return {k: v for line in run.stdout.splitlines() if line.startswith("{") for k, v in json.loads(line).items()}
 
-def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(tmp_path):
-  """The second start serves a copy of the bundled model from another folder: the stored caches are keyed by the model's config, not by
-  where it lies (bench.py makes a new folder for every run)."""
+def copy_db(db:str, to:str) -> sqlite3.Connection:
+  """A copy of the cache.db at db, made at to (sqlite's backup: a copy of the file could miss what is still in its journal)."""
+  copy = sqlite3.connect(to)
+  sqlite3.connect(db).backup(copy)
+  return copy
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory) -> tuple[dict, str, str]:
+  """The engine (token budget 16) alone in a fresh cache.db, one cold start for the tests below (~60 s on a 2-core xdist worker): what
+  it did and stored (the reference), that cache.db, and a copy of it to which an engine of another token budget (8) added its own."""
+  alone, beside = str(tmp_path_factory.mktemp("alone") / "cache.db"), str(tmp_path_factory.mktemp("beside") / "cache.db")
+  reference = start_up(alone, 16)
+  copy_db(alone, beside)
+  start_up(beside, 8)
+  return reference, alone, beside
+
+def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(tmp_path, stored):
+  """The second start (on a copy of the first one's cache.db) serves a copy of the bundled model from another folder: the stored caches
+  are keyed by the model's config, not by where it lies (bench.py makes a new folder for every run)."""
   import shutil
   from tinyvllm.config import BUNDLED_MODEL
-  first, second = start_up(str(tmp_path / "cache.db")), start_up(str(tmp_path / "cache.db"), shutil.copytree(BUNDLED_MODEL, tmp_path / "copy"))
+  first = stored[0]
+  copy_db(stored[1], str(tmp_path / "cache.db"))
+  second = start_up(str(tmp_path / "cache.db"), 16, model=shutil.copytree(BUNDLED_MODEL, tmp_path / "copy"))
   assert first["scheduled_while_capturing"] > 0 and second["scheduled_while_capturing"] == 0
   # 5 buckets (1-16) x 2 sampler variants: 5 model graphs, and 2 sampler graphs for each of the 3 row counts (1, 2, 4: max_num_seqs). At
   # ready, 6 units (those of 1 and 16 tokens, and of the prompt-sized 8 and 16); the 4 of 2 and 4 tokens only before the batch of two
@@ -41,57 +70,29 @@ def test_second_start_up_reuses_the_stored_schedules_and_matches_the_reference(t
   for run in (first, second):
     assert run["outputs"] == [[CASE["output_token_ids"], CASE["output_text_in_context"]]] * 3
 
-OWN_CACHES = """
-import json, sqlite3, sys, tinygrad.helpers
-from tinyvllm import LLM
-budget, *other = sys.argv[1:]
-# a batch of two after each LLM(): on the CPU it captures the graphs LLM() left, and the caches are stored once all are in
-if other: LLM(other[0], device="CPU", max_num_seqs=4, max_num_batched_tokens=16).generate(["a", "b"], use_tqdm=False)   # another engine first
-llm = LLM(device="CPU", max_num_seqs=4, max_num_batched_tokens=int(budget))
-llm.generate(["Once upon a time", "Lily"], use_tqdm=False)
-db, key = sqlite3.connect(tinygrad.helpers.CACHEDB), llm.engine.runner.cache_key
-table = next(t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE name LIKE 'tinyvllm_caches%'"))
-print(json.dumps({k: db.execute(f"SELECT length(val) FROM '{table}' WHERE key = ?", (k,)).fetchone()[0] for k in (key, key + " ready")}))
-"""
-
-def own_caches(db:str, budget:int, *other:str) -> dict:
-  """OWN_CACHES in a fresh process on the cache.db at db: the sizes of what the bundled model's engine of that token budget stored."""
-  run = subprocess.run([sys.executable, "-c", OWN_CACHES, str(budget), *other], capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "CACHEDB": db, "PARALLEL": str(PARALLEL.value)})
-  assert run.returncode == 0, run.stderr[-3000:]
-  return json.loads(run.stdout.splitlines()[-1])
-
-@pytest.fixture(scope="module")
-def alone(tmp_path_factory) -> tuple[dict, str]:
-  """The engine (token budget 16) alone in a fresh cache.db: what it stored, the reference of both tests below, and that cache.db. One
-  cold start for both (~50 s on a 2-core xdist worker)."""
-  db = str(tmp_path_factory.mktemp("alone") / "cache.db")
-  return own_caches(db, 16), db
-
-def test_an_engine_stores_only_its_own_caches(tmp_path, alone):
+def test_an_engine_stores_only_its_own_caches(tmp_path, stored):
   """tinygrad's schedule and program caches belong to the process: an engine made after another one (a test suite, a notebook's second
   LLM) must store under its keys only what its own graphs need, not the other engine's too, which every later start would read (the
-  bundled model's entries had grown 7x after one other engine, 70x after the test suite)."""
-  import shutil
-  from tinyvllm.config import BUNDLED_MODEL
-  shutil.copytree(BUNDLED_MODEL, other := tmp_path / "other")
-  config = json.load(open(other / "config.json"))
-  json.dump(config | {"rms_norm_eps": 1e-6}, open(other / "config.json", "w"))   # another model to tinygrad: its own kernels and keys
-  after_another, reference = own_caches(str(tmp_path / "cache.db"), 16, str(other)), alone[0]
-  assert all(0 < after_another[key] < 1.1 * reference[key] for key in reference), (reference, after_another)
+  bundled model's entries had grown 7x after one other engine, 70x after the test suite). Here the other engine is the one of token
+  budget 8, which reads its entries back from cache.db. This engine's are taken out of it, so that it lowers its kernels anew and stores
+  them (clang's binaries stay in: the sizes don't depend on them)."""
+  reference, db = stored[0], copy_db(stored[2], str(tmp_path / "cache.db"))
+  db.execute(f"DELETE FROM '{reference['table']}' WHERE key IN (?, ?)", tuple(reference["sizes"]))
+  db.commit()
+  after_another = start_up(str(tmp_path / "cache.db"), 8, 16)
+  assert after_another["scheduled_while_capturing"] > 0 and after_another["sizes"].keys() == reference["sizes"].keys()
+  assert all(0 < after_another["sizes"][key] < 1.1 * size for key, size in reference["sizes"].items()), (reference, after_another)
 
-def test_engines_of_other_flags_store_apart(tmp_path, alone):
+def test_engines_of_other_flags_store_apart(tmp_path, stored):
   """Each engine configuration keeps its stored caches under its own key: under one key per model, every start also read what the other
   configurations had stored (the test suite's engines grew the bundled model's first-graphs entry to 4.6 MB, 1.3 s of a CPU start)."""
-  import sqlite3
-  reference, shared = alone[0], str(tmp_path / "shared.db")
-  sqlite3.connect(alone[1]).backup(sqlite3.connect(shared))   # the engine's entries, stored alone
-  own_caches(shared, 8)   # another token budget, into the same cache.db
+  reference = stored[0]
+  copy_db(stored[2], str(tmp_path / "shared.db"))   # the engine's entries, then those of another token budget (8) in the same cache.db
   # the first engine again: it reads its entries back and, having nothing to add, stores nothing. Under one key per model the other
   # budget's engine had read them, added its own kernels and stored them back, and this one would read back twice as much
-  after_another = own_caches(shared, 16)
-  assert after_another.keys() == reference.keys(), (reference, after_another)
-  assert all(0 < after_another[key] < 1.1 * reference[key] for key in reference), (reference, after_another)
+  after_another = start_up(str(tmp_path / "shared.db"), 16)
+  assert after_another["sizes"].keys() == reference["sizes"].keys(), (reference, after_another)
+  assert all(0 < after_another["sizes"][key] < 1.1 * size for key, size in reference["sizes"].items()), (reference, after_another)
 
 def test_the_shipped_cache_only_adds_rows_that_cache_db_lacks(tmp_path):
   """The shipped sm_90 kernels and BEAM results are SQL that ModelRunner runs on tinygrad's cache.db: it creates the tables it misses and
