@@ -120,13 +120,14 @@ def paged_attention(qkv:Tensor, k_pool:Tensor, v_pool:Tensor, block_tables:Tenso
   # small batches, few enough that the partial results stay small for prefill-sized steps
   gpu = Device[dev].renderer.has_local
   dense, C = DENSE_MIN <= N <= DENSE_MAX, max(1, min(64, 1024 // N, -(-block_tables.shape[1] * block_size // 8))) if gpu else 1
+  fxn = functools.partial(_paged_attention_kernel, block_size=block_size, has_local=gpu)
   # with a one-row table token_seq is provably 0 and tinygrad drops it from the kernel's parameters, but tinygrad 0.14's CUDA graph still
   # passes every buffer, and building the graph fails ("invalid argument"): a second row keeps the signature whole
   if block_tables.shape[0] == 1: block_tables = block_tables.pad(((0, 1), None))
   # one output buffer holds each chunk's partial result: [acc (D), m, l]
   # (the kernel reads q's heads of qkv in place)
   part = empty((N, H, C, D + 2), dtypes.float, qkv.device, 1).custom_kernel(qkv, k_pool, v_pool, block_tables, token_seq,
-    cached_lens if dense else ctx_lens, fxn=functools.partial(_paged_attention_kernel, block_size=block_size, has_local=gpu))[0]
+                                                                            cached_lens if dense else ctx_lens, fxn=fxn)[0]
   m, l, acc = part[..., D], part[..., D+1], part[..., :D]
   # the in-step attention's partials join as one more chunk
   if dense:
