@@ -78,7 +78,7 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False, devices:tupl
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
   # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
   widen = lambda t: t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32) if t.dtype == dtypes.bfloat16 else t
-  piece = lambda name: widen(Tensor(disk[name])).to(None).cast(dtype)
+  piece = lambda n: widen(Tensor(disk[n])).to(None).cast(dtype)
   # a lone tensor is not concatenated: a cat of one is a copy kernel of its own. Split by rows, device d's rows of every part lie together
   load = lambda names: Tensor.cat(*[piece(n).chunk(tp)[d] for d in range(tp) for n in names]) if len(names) > 1 else piece(names[0])
   return {k: place(k, load(names)) for k, names in tinygrad.helpers.tqdm(parts.items(), desc="loading weights")}

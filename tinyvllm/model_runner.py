@@ -294,7 +294,7 @@ class ModelRunner:
     # as many rows captured (on the CPU, 3 steps of 128-512 tokens, seconds each). One whose model graph is in (a filtered unit after its
     # plain one) captures its sampler alone, on the logits that graph wrote last (see launch)
     if not {("model", (unit := self.pending[0])[0]), ("sampler", unit[1], min(unit[0], self.max_rows))} <= self.graphs.keys():
-      with Context(BEAM=self.config.beam if unit[0] <= self.config.max_num_seqs else 0):
+      with Context(BEAM=self.config.beam if unit[0] <= self.max_rows else 0):
         self.prepare([], *unit)[0](self.graphs.get(("model", unit[0])))
     # its filtered sampler in (after its plain one): steps may use it
     if unit[1]: self.buckets = sorted({*self.buckets, unit[0]})
