@@ -217,13 +217,13 @@ class ModelRunner:
     inputs["positions"][:total], inputs["token_seq"][:total], inputs["cached_lens"][:total] = positions, seq_of_token, num_cached[seq_of_token]
     # padding tokens write nowhere
     inputs["slots"][:] = -1; inputs["slots"][:total] = block_tables[seq_of_token, positions // block_size] * block_size + positions % block_size
-    # -- per sampling row, (len(row_seq),) each: a row samples after a sequence's last token, once its prompt is done
-    row_seq = seq_of_token[logits_idx := np.flatnonzero(positions >= (length - 1)[seq_of_token])]
-    # (len(batch),): 0 and -1 (off) become the whole vocabulary
-    top_k = np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size)
-    per_row = {"logits_idx": logits_idx, "out_positions": positions[logits_idx] + 1} | {name: values[row_seq] for name, values in
-               (("seeds", seed), ("temperatures", temperature), ("top_k", top_k), ("top_p", top_p), ("min_p", min_p))}
-    for name, values in per_row.items(): inputs[name][:len(row_seq)] = values
+    # -- per sampling row, (len(row_seq),) each: a sequence samples once the step computes its last token (its prompt is done), so each
+    # value of its row is its own: that token's index in the step, the position of the token it draws (its length), and its per-sequence
+    # values ((len(batch),) each; top_k 0 and -1, off, become the whole vocabulary)
+    row_seq = np.flatnonzero(num_cached + num_new >= length)
+    per_row = {"logits_idx": np.cumsum(num_new) - 1, "out_positions": length, "seeds": seed, "temperatures": temperature,
+               "top_p": top_p, "min_p": min_p, "top_k": np.where(top_k > 0, np.minimum(top_k, vocab_size), vocab_size)}
+    for name, values in per_row.items(): inputs[name][:len(row_seq)] = values[row_seq]
     sampling = [batch[i][0] for i in row_seq]
     filtered = filtered or any(s.matcher or s.params.top_k > 0 or s.params.top_p < 1 or s.params.min_p > 0 for s in sampling)
     # -- the launch: call runs one graph (made on its first use); launch copies the packed inputs in, then runs the model's graph and
