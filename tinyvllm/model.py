@@ -1,7 +1,7 @@
 """The model: a Hugging Face folder's config.json and safetensors read into one decoder (Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral),
 its matmuls through gemm.py. model_runner calls it on the step's flattened tokens with an attention function; it knows nothing of
 requests, paging or sampling."""
-import functools, json, math, os, re, tinygrad.helpers, tinygrad.nn.state
+import functools, json, math, os, re, numpy as np, tinygrad.helpers, tinygrad.nn.state
 from tinygrad import Tensor, Device, dtypes
 from tinyvllm import config, gemm
 
@@ -76,9 +76,12 @@ def load_weights(model_dir:str, hf_config:dict, dtype, dummy=False, devices:tupl
   # and thousands of them slowed each weight's (a Qwen3-MoE-shaped checkpoint of 18,867 tensors, CPU: 249 -> 167 s; BENCHMARKS.md)
   disk = {k: t.uop for f in config.weight_files(model_dir) for k, t in tinygrad.nn.state.safe_load(f"{model_dir}/{f}").items()}
   if missing := [k for k in shapes if k not in disk]: raise KeyError(f"checkpoint in {model_dir} is missing tensor(s): {', '.join(missing[:5])}")
-  # bf16 is widened by bit shifts while still on DISK, so compilers without __bf16 (clang 14) never see it
-  widen = lambda t: t.bitcast(dtypes.uint16).to(None).cast(dtypes.uint32).lshift(16).bitcast(dtypes.float32) if t.dtype == dtypes.bfloat16 else t
-  piece = lambda n: widen(Tensor(disk[n])).to(None).cast(dtype)
+  # numpy reads each tensor where it lies (tinygrad internals: a DISK buffer's memoryview; bf16, which numpy lacks, as its 16-bit words):
+  # fewer kernels and realizes than tinygrad's copies from DISK (BENCHMARKS.md). A tensor in the model's dtype goes to the device as it
+  # is; bf16 bound for another dtype is widened here by a shift, so compilers without __bf16 (clang 14) never see it
+  host = lambda u: np.frombuffer(u.buffer.ensure_allocated().as_memoryview(allow_zero_copy=True), u.dtype.fmt or "u2").reshape(u.shape)
+  widen = lambda a: np.left_shift(a, 16, dtype=np.uint32).view(np.float32) if a.dtype == np.uint16 else a
+  piece = lambda n: Tensor(host(disk[n])).bitcast(dtype) if disk[n].dtype == dtype else Tensor(widen(host(disk[n]))).cast(dtype)
   # a lone tensor is not concatenated: a cat of one is a copy kernel of its own. Split by rows, device d's rows of every part lie together
   load = lambda names: Tensor.cat(*[piece(n).chunk(tp)[d] for d in range(tp) for n in names]) if len(names) > 1 else piece(names[0])
   return {k: place(k, load(names)) for k, names in tinygrad.helpers.tqdm(parts.items(), desc="loading weights")}
