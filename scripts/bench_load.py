@@ -5,13 +5,15 @@
   python scripts/bench_load.py --config llama-3.2-1b --device CUDA --dir /tmp/ckpt   # a random checkpoint of that shape, saved by
                                                                                      # transformers in bfloat16 into --dir if not there
 
-Prints the seconds of the load (its wall and this process's CPU time) and of a realize of every weight's sum (all of them read back).
+Prints the seconds of the load (its wall and this process's CPU time) and of a realize of every weight's sum (all of them read back);
+--digest adds an md5 of every weight's bytes, to compare two trees' loads bit for bit.
 Run a tree against another with PYTHONPATH=<tree>; start-up caches play no part (no engine is made)."""
 import argparse, os, shutil, sys, time
 
 if __name__ == "__main__":
   p = argparse.ArgumentParser()
   p.add_argument("--model"); p.add_argument("--config"); p.add_argument("--dir", default="/tmp/bench_load"); p.add_argument("--device", default="CPU")
+  p.add_argument("--digest", action="store_true", help="also an md5 of every weight's bytes, by name: two trees' loads compared exactly")
   a = p.parse_args()
   folder = a.model
   if folder is None:
@@ -33,3 +35,8 @@ if __name__ == "__main__":
   t = time.perf_counter()
   total = sum(w.float().sum().item() for w in weights.values())
   print(f"read back (sum {total:.6g}) in {time.perf_counter() - t:.2f} s")
+  if a.digest:
+    import hashlib
+    h = hashlib.md5()
+    for k in sorted(weights): h.update(k.encode() + str(weights[k].dtype).encode() + weights[k].contiguous().bitcast(dtypes.uint8).numpy().tobytes())
+    print(f"digest {h.hexdigest()} of {len(weights)} weights ({dtype})")
