@@ -5,7 +5,8 @@
   python scripts/bench_cpu_start.py prompt --model ~/SmolLM2         # a 1024-token prompt's first token: first use, second, third
   python scripts/bench_cpu_start.py prompt --model ~/SmolLM2 --tp 3  # the same over 3 virtual CPU devices (a worker thread each)
   python scripts/bench_cpu_start.py eager --model ~/SmolLM2          # enforce_eager: 16 greedy tokens of a short prompt, twice
-  python scripts/bench_cpu_start.py serve --model ~/SmolLM2          # python -m tinyvllm.serve: /health, then the first answers
+  python scripts/bench_cpu_start.py serve --model ~/SmolLM2          # python -m tinyvllm.serve: /health, then the first answers, and
+                                                                    # a new prompt's (the same one again hits the prefix cache)
 
 `start` times what a user's `LLM()` costs after the import (run it twice against one CACHEDB: the first fills cache.db), then a
 generate of one short prompt and one of a batch of two. `prompt` sends
@@ -31,10 +32,13 @@ if __name__ == "__main__":
       except Exception: time.sleep(0.1)
     print(f"/health after {time.perf_counter() - t:.1f} s", flush=True)
     body = {"model": os.path.basename(a.model.rstrip("/")), "messages": [{"role": "user", "content": "The capital of France is"}], "max_tokens": 16, "temperature": 0, "ignore_eos": True}
-    for when in ("first, at /health", "second, right after", "after 60 s idle (graphs captured meanwhile)"):
+    # the last one asks something else of the same length: the same prompt again finds its prefix cached, a new one does not
+    new = {**body, "messages": [{"role": "user", "content": "The capital of Spain is"}]}
+    for when, req in (("first, at /health", body), ("second, right after", body), ("after 60 s idle (graphs captured meanwhile)", body),
+                      ("a new prompt of the same length, after", new)):
       if when.startswith("after"): time.sleep(60)
-      t = time.perf_counter(); out = json.loads(get("/v1/chat/completions", body))
-      print(f"answer {when}: {time.perf_counter() - t:.2f} s, {out['usage']['completion_tokens']} tokens", flush=True)
+      t = time.perf_counter(); out = json.loads(get("/v1/chat/completions", req))
+      print(f"answer {when}: {time.perf_counter() - t:.2f} s, {out['usage']['completion_tokens']} tokens, {out['usage']['prompt_tokens']} prompt tokens", flush=True)
     proc.terminate(); sys.exit(0)
   from tinyvllm import LLM, SamplingParams
   t = time.perf_counter()
