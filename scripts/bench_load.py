@@ -38,5 +38,7 @@ if __name__ == "__main__":
   if a.digest:
     import hashlib
     h = hashlib.md5()
-    for k in sorted(weights): h.update(k.encode() + str(weights[k].dtype).encode() + weights[k].contiguous().bitcast(dtypes.uint8).numpy().tobytes())
+    for k in sorted(weights):
+      h.update(k.encode() + str(weights[k].dtype).encode())
+      h.update(weights[k].contiguous().bitcast(dtypes.uint8).numpy().tobytes())
     print(f"digest {h.hexdigest()} of {len(weights)} weights ({dtype})")
